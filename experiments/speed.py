@@ -1,0 +1,88 @@
+"""Recipe: decode a prompt set with the configured mode, beside dense and HF generate, one run.
+
+    python run.py experiment=speed ablation=dense model=tiny dataset.count=2 dataset.max_new_tokens=64
+"""
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+from specee import results
+from specee.bench.speed import hf_generate, match_rate, speed_metrics
+from specee.data import spec_bench_prompts
+from specee.decoding import build_decoder
+from specee.decoding.dense import DenseDecoder
+from specee.errors import SpeceeError
+from specee.io import project_path
+from specee.models.loader import load_model
+from specee.prompts import format_conversation
+from specee.runtime import LayerwiseLM
+
+
+def load_prompts(cfg) -> list[dict]:
+    d = cfg.dataset
+    if d.source != "spec_bench":
+        raise SpeceeError(f"dataset.source={d.source!r} is unknown; valid: spec_bench")
+    prompts = spec_bench_prompts(project_path(cfg.paths.data_root), d.categories, d.count, d.offset)
+    # First turn only; multi-turn conversations are run by the harness's conversation mode.
+    return [{"id": p.id, "category": p.category,
+             "text": format_conversation(cfg.model.chat_template, [(p.turns[0], None)])} for p in prompts]
+
+
+def run(cfg) -> dict:
+    out = results.output_dir()
+    if not cfg.force and (done := results.finished(out)):
+        print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
+        return done["metrics"]
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load_model(cfg.model)
+    rt = LayerwiseLM(model)
+    decoder = build_decoder(cfg, rt)
+    dense = DenseDecoder(rt)
+    eos = tokenizer.eos_token_id
+    n_new = cfg.dataset.max_new_tokens
+    prompts = load_prompts(cfg)
+    encoded = [tokenizer(p["text"], return_tensors="pt").input_ids.to(rt.device) for p in prompts]
+
+    for ids in encoded[: cfg.experiment.warmup]:  # warm caches, allocator and kernels
+        dense.generate(ids, min(8, n_new), eos)
+        decoder.generate(ids, min(8, n_new), eos)
+
+    dense_gens, mode_gens, hf_s, hf_match = [], [], 0.0, []
+    per_prompt = []
+    for _ in range(cfg.experiment.repeats):
+        for p, ids in zip(tqdm(prompts, desc=f"speed {cfg.ablation.name}"), encoded):
+            ref = dense.generate(ids, n_new, eos)
+            gen = decoder.generate(ids, n_new, eos)
+            dense_gens.append(ref)
+            mode_gens.append(gen)
+            row = {"id": p["id"], "category": p["category"], "prompt_tokens": ids.shape[1],
+                   "dense_tokens": len(ref.tokens), "tokens": len(gen.tokens),
+                   "match_rate_vs_dense": match_rate([ref.tokens], [gen.tokens]),
+                   "exit_layers": gen.exit_layers, "trace": gen.trace}
+            if cfg.experiment.compare_hf_generate:
+                hf_tokens, secs = hf_generate(model, ids, n_new, eos)
+                hf_s += secs
+                hf_match.append(hf_tokens == ref.tokens)
+                row["hf_generate_identical"] = hf_tokens == ref.tokens
+            per_prompt.append(row)
+
+    m = speed_metrics(mode_gens, rt.num_layers)
+    d = speed_metrics(dense_gens, rt.num_layers)
+    m["speedup_vs_dense"] = m["decode_tokens_per_s"] / d["decode_tokens_per_s"]
+    m["match_rate_vs_dense"] = match_rate([g.tokens for g in dense_gens], [g.tokens for g in mode_gens])
+    m["dense"] = d
+    if cfg.experiment.compare_hf_generate:
+        dense_total = sum(g.prefill_s + g.decode_s for g in dense_gens)
+        m["hf_generate_ratio"] = dense_total / hf_s
+        m["hf_generate_identical_share"] = sum(hf_match) / len(hf_match)
+    m["prompts"] = len(prompts)
+    m["repeats"] = cfg.experiment.repeats
+    path = results.save(out, cfg, m, {"prompts": per_prompt, "chat_template": cfg.model.chat_template,
+                                      "device": str(rt.device)})
+    print(f"{cfg.ablation.name}: {m['tokens_per_s']:.1f} tok/s, avg_layers {m['avg_layers']:.2f}/"
+          f"{m['num_layers']}, speedup_vs_dense {m['speedup_vs_dense']:.3f}, "
+          f"match {m['match_rate_vs_dense']:.3f}"
+          + (f", hf_generate_ratio {m['hf_generate_ratio']:.3f}" if "hf_generate_ratio" in m else ""))
+    print(f"wrote {path}")
+    return m

@@ -1,0 +1,27 @@
+"""specee entry point: `python run.py [experiment=...] [model=...] [ablation=...] [-m ...]`."""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from specee.config import register
+
+register()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig):
+    from specee.errors import SpeceeError
+    from specee.launch import run_experiment
+
+    try:
+        return run_experiment(cfg)
+    except SpeceeError as err:
+        print(f"specee: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

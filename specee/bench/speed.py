@@ -1,0 +1,57 @@
+"""Side-by-side speed measurement: the mode under test, the dense loop and HF generate."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from specee.decoding.base import Clock, Generation
+
+
+@torch.inference_mode()
+def hf_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None):
+    clock = Clock(prompt_ids.device)
+    t0 = clock()
+    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids),
+                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_id,
+                         pad_token_id=eos_id if eos_id is not None else 0, temperature=None,
+                         top_p=None, top_k=None)
+    return out[0, prompt_ids.shape[1]:].tolist(), clock() - t0
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def match_rate(ref: list[list[int]], out: list[list[int]]) -> float:
+    """Share of positions where the two outputs agree (lengths differing count as mismatches)."""
+    same = total = 0
+    for a, b in zip(ref, out):
+        same += sum(x == y for x, y in zip(a, b))
+        total += max(len(a), len(b))
+    return same / total if total else float("nan")
+
+
+def speed_metrics(gens: list[Generation], num_layers: int) -> dict:
+    decode_tokens = sum(len(g.tokens) - 1 for g in gens)
+    decode_s = sum(g.decode_s for g in gens)
+    total_s = sum(g.prefill_s + g.decode_s for g in gens)
+    lat = [t * 1e3 for g in gens for t in g.token_s[1:]]
+    layers = [l for g in gens for l in g.exit_layers[1:]]
+    return {
+        "generated_tokens": sum(len(g.tokens) for g in gens),
+        "tokens_per_s": sum(len(g.tokens) for g in gens) / total_s,
+        "decode_tokens_per_s": decode_tokens / decode_s if decode_s else float("nan"),
+        "prefill_ms_mean": 1e3 * statistics.fmean(g.prefill_s for g in gens),
+        "latency_ms_per_token": {"mean": statistics.fmean(lat) if lat else float("nan"),
+                                 "p50": percentile(lat, 50), "p90": percentile(lat, 90),
+                                 "p99": percentile(lat, 99)},
+        "num_layers": num_layers,
+        "avg_layers": statistics.fmean(layers) if layers else float(num_layers),
+        "decode_s": decode_s,
+    }

@@ -1,0 +1,36 @@
+"""Format prompts the way each model was trained to see them (a wrong template skews speedups)."""
+from __future__ import annotations
+
+from specee.errors import SpeceeError
+
+LLAMA2_SYSTEM = ("You are a helpful, respectful and honest assistant.")
+VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
+                 "The assistant gives helpful, detailed, and polite answers to the user's questions.")
+
+
+def format_conversation(template: str, turns: list[tuple[str, str | None]]) -> str:
+    """Render (user, assistant) pairs; the last assistant reply is None (to be generated)."""
+    if template == "plain":
+        parts = []
+        for user, reply in turns:
+            parts.append(user)
+            if reply is not None:
+                parts.append(reply)
+        return "\n\n".join(parts) + ("\n\n" if len(turns) > 1 or turns[-1][1] is not None else "\n")
+    if template == "llama2_chat":
+        out = ""
+        for i, (user, reply) in enumerate(turns):
+            if i == 0:
+                user = f"<<SYS>>\n{LLAMA2_SYSTEM}\n<</SYS>>\n\n{user}"
+            out += f"[INST] {user.strip()} [/INST]"
+            if reply is not None:
+                out += f" {reply.strip()} </s><s>"
+        return out
+    if template == "vicuna":
+        out = VICUNA_SYSTEM + " "
+        for user, reply in turns:
+            out += f"USER: {user.strip()} ASSISTANT:"
+            if reply is not None:
+                out += f" {reply.strip()}</s>"
+        return out
+    raise SpeceeError(f"chat template {template!r} is unknown; valid: plain, llama2_chat, vicuna")

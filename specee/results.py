@@ -1,0 +1,42 @@
+"""The results contract: every results.json carries config, environment and metrics."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from specee.env import environment
+from specee.errors import SpeceeError
+from specee.io import write_json_atomic
+
+RESULTS = "results.json"
+
+
+def output_dir() -> Path:
+    from hydra.core.hydra_config import HydraConfig
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def finished(out: Path) -> dict | None:
+    """A previous complete result in ``out``, if any (results are written atomically)."""
+    path = out / RESULTS
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SpeceeError(f"{path} is corrupt ({err}); delete it or rerun with force=true") from err
+
+
+def save(out: Path, cfg, metrics: dict, extra: dict | None = None) -> Path:
+    doc = {
+        "specee_results": 1,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "env": environment(dtype=cfg.model.dtype, seed=cfg.seed),
+        "metrics": metrics,
+        **(extra or {}),
+    }
+    return write_json_atomic(out / RESULTS, doc)

@@ -1,0 +1,179 @@
+"""Run a Hugging Face decoder-only LM layer by layer, over its own modules.
+
+``LayerwiseLM`` wraps a loaded ``*ForCausalLM`` (Llama, Mistral, Qwen2 and other models laid out
+as ``model.embed_tokens / model.layers / model.norm / lm_head``) and exposes the pieces that
+early exit needs: ``embed`` -> ``run_layer(i)`` for each layer -> ``logits``. Nothing of the
+modeling file is copied: every call goes into the model's own decoder layers, which read and
+write K/V through :class:`LayerKVCache`.
+
+The cache keeps one length *per layer*, and the sequence length (the next token's position)
+separately, so a token that ran only layers ``0..e`` is representable: deeper layers simply have
+fewer entries (the ``holes`` policy) until something fills them. Batch size is 1 throughout,
+the latency setting of the SpecEE paper.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specee.errors import SpeceeError
+
+
+class LayerKVCache:
+    """Per-layer K/V buffers with independent lengths; duck-types HF's ``Cache.update``.
+
+    Buffers are preallocated and grown by doubling, so appending one token is a copy into a
+    slice rather than a ``torch.cat`` of the whole history.
+    """
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype, device,
+                 capacity: int = 256):
+        self.num_layers = num_layers
+        self._shape = (1, kv_heads, capacity, head_dim)
+        self.keys = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lengths = [0] * num_layers
+        self.seq_len = 0  # tokens accepted into the sequence = position of the next token
+
+    def _ensure(self, layer: int, need: int) -> None:
+        cap = self.keys[layer].shape[2]
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap)
+        for store in (self.keys, self.values):
+            old = store[layer]
+            buf = old.new_empty((old.shape[0], old.shape[1], new_cap, old.shape[3]))
+            buf[:, :, : self.lengths[layer]] = old[:, :, : self.lengths[layer]]
+            store[layer] = buf
+
+    # Called by the model's own attention modules.
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        n, t = self.lengths[layer_idx], key_states.shape[2]
+        self._ensure(layer_idx, n + t)
+        self.keys[layer_idx][:, :, n:n + t] = key_states
+        self.values[layer_idx][:, :, n:n + t] = value_states
+        self.lengths[layer_idx] = n + t
+        return self.keys[layer_idx][:, :, : n + t], self.values[layer_idx][:, :, : n + t]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # HF API; we mean the sequence, not a layer
+        return self.seq_len
+
+    def crop(self, length: int) -> None:
+        """Drop every entry at or beyond sequence index ``length`` (layers with holes included)."""
+        self.lengths = [min(n, length) for n in self.lengths]
+        self.seq_len = min(self.seq_len, length)
+
+    def keep(self, layer: int, start: int, index: torch.Tensor) -> None:
+        """Keep entries ``index`` (relative to ``start``) of ``layer``'s tail, compacting in place."""
+        for store in (self.keys, self.values):
+            tail = store[layer][:, :, start + index]
+            store[layer][:, :, start:start + len(index)] = tail
+        self.lengths[layer] = start + len(index)
+
+    def missing_layers(self) -> list[int]:
+        """Layers that lack entries for some accepted position (skipped by an early exit)."""
+        return [i for i, n in enumerate(self.lengths) if n < self.seq_len]
+
+
+@dataclass
+class ModelParts:
+    embed: torch.nn.Module
+    layers: torch.nn.ModuleList
+    norm: torch.nn.Module
+    lm_head: torch.nn.Module
+    rotary: torch.nn.Module
+
+
+def _parts(model) -> ModelParts:
+    inner = getattr(model, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if inner is None or not all(hasattr(inner, n) for n in needed) or not hasattr(model, "lm_head"):
+        raise SpeceeError(
+            f"{type(model).__name__} is not laid out as a Llama-family causal LM "
+            "(model.embed_tokens / model.layers / model.norm / model.rotary_emb / lm_head); "
+            "specee supports Llama, Mistral, Qwen2 and similar decoders")
+    return ModelParts(inner.embed_tokens, inner.layers, inner.norm, model.lm_head, inner.rotary_emb)
+
+
+class LayerwiseLM:
+    """embed -> layer 0 -> ... -> layer L-1 -> norm -> lm_head, one call per piece."""
+
+    def __init__(self, model):
+        self.model = model.eval()
+        self.config = model.config
+        p = _parts(model)
+        self.embed_tokens, self.layers, self.norm, self.lm_head, self.rotary = (
+            p.embed, p.layers, p.norm, p.lm_head, p.rotary)
+        self.num_layers = len(self.layers)
+        c = self.config
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        windows = [getattr(layer.self_attn, "sliding_window", None) for layer in self.layers]
+        self.sliding_window = min((w for w in windows if w), default=None)
+        # Without SDPA (e.g. eager attention) a causal block needs an explicit mask.
+        self._sdpa = getattr(self.config, "_attn_implementation", "sdpa") == "sdpa"
+        self.dtype = self.embed_tokens.weight.dtype
+        self.device = self.embed_tokens.weight.device
+
+    def new_cache(self, capacity: int = 256) -> LayerKVCache:
+        return LayerKVCache(self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device,
+                            capacity)
+
+    # -- pieces ---------------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+    def rope(self, h: torch.Tensor, position_ids: torch.Tensor):
+        if self.sliding_window is not None and int(position_ids.max()) >= self.sliding_window:
+            raise SpeceeError(
+                f"sequence reaches position {int(position_ids.max())}, beyond this model's sliding "
+                f"window ({self.sliding_window}); sliding-window eviction is not implemented — "
+                "use shorter prompts / max_new_tokens")
+        return self.rotary(h, position_ids=position_ids)
+
+    def run_layer(self, i: int, h: torch.Tensor, rope, cache: LayerKVCache,
+                  block_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None):
+        """One decoder layer over a block of T new tokens.
+
+        ``block_mask`` (T x T, bool, True = may attend) says which new tokens see each other;
+        every cached entry of this layer is visible to all of them. None means causal.
+        """
+        t, past = h.shape[1], cache.lengths[i]
+        mask = None  # one token, or a causal block with no past: SDPA's own causal path
+        if block_mask is not None or (t > 1 and (past > 0 or not self._sdpa)):
+            mask = self._additive_mask(past, t, block_mask)
+        return self.layers[i](h, attention_mask=mask, position_embeddings=rope,
+                              position_ids=position_ids, cache=cache, use_cache=True)
+
+    def _additive_mask(self, past: int, t: int, block_mask: torch.Tensor | None) -> torch.Tensor:
+        if block_mask is None:
+            block_mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+        allowed = torch.cat([torch.ones(t, past, dtype=torch.bool, device=self.device), block_mask], 1)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of (already final-normed or not) hidden states: norm -> lm_head."""
+        return self.lm_head(self.norm(h))
+
+    # -- whole-stack forward --------------------------------------------------------------
+    def positions(self, cache: LayerKVCache, n: int) -> torch.Tensor:
+        return torch.arange(cache.seq_len, cache.seq_len + n, device=self.device).unsqueeze(0)
+
+    def forward(self, ids: torch.Tensor, cache: LayerKVCache, block_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, upto: int | None = None,
+                commit: bool = True) -> torch.Tensor:
+        """Run ``ids`` (shape 1 x T) through layers ``0..upto-1`` (all by default); return hidden.
+
+        ``commit`` advances ``cache.seq_len`` by T (a verification pass may commit later).
+        """
+        if position_ids is None:
+            position_ids = self.positions(cache, ids.shape[1])
+        h = self.embed(ids)
+        rope = self.rope(h, position_ids)
+        for i in range(self.num_layers if upto is None else upto):
+            h = self.run_layer(i, h, rope, cache, block_mask, position_ids)
+        if commit:
+            cache.seq_len += ids.shape[1]
+        return h
