@@ -21,6 +21,7 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
 from specee import data
+from specee.errors import SpeceeError
 from specee.io import atomic_dir, project_path
 from specee.models.builders import EOS, tiny_config, train_tokenizer
 
@@ -101,6 +102,9 @@ def run(cfg) -> dict:
             g["lr"] = _lr(step, e)
         b = batch()
         loss = _loss(model, b)
+        if not torch.isfinite(loss):
+            raise SpeceeError(f"training diverged at step {step + 1} (loss {loss.item()}); "
+                              "lower experiment.lr or raise experiment.warmup_steps")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), e.grad_clip)

@@ -30,9 +30,25 @@ class ModelConfig:
 
 
 @dataclass
+class DraftConfig:
+    name: str = MISSING  # eagle | none
+    # specee draft folder (experiment=train_draft) or an EAGLE-1 checkpoint folder
+    path: Optional[str] = None
+
+
+@dataclass
+class EarlyExitConfig:
+    k: int = 4  # speculative tokens proposed by the draft per step
+    threshold: float = 0.5  # predictor fires when sigmoid output > threshold
+    kv_policy: str = "holes"  # holes | propagate  (K/V of layers skipped by an exit)
+    predictors_path: str = "${paths.artifacts}/${model.name}_predictors"
+    adainfer_path: str = "${paths.artifacts}/${model.name}_adainfer"
+
+
+@dataclass
 class AblationConfig:
     name: str = MISSING
-    mode: str = "dense"  # dense (more modes arrive with the early-exit issues)
+    mode: str = "dense"  # dense | specee | adainfer
 
 
 @dataclass
@@ -65,10 +81,10 @@ class TrainBaseExperiment:
     num_kv_heads: int = 2
     seq_len: int = 256
     batch_size: int = 8
-    steps: int = 2200
-    lr: float = 2e-3
+    steps: int = 1600
+    lr: float = 1e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
+    warmup_steps: int = 200
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     tinystories_share: float = 0.5  # share of training sequences drawn from TinyStories
@@ -77,6 +93,43 @@ class TrainBaseExperiment:
     final_eval_stories: int = 500
     max_minutes: Optional[float] = None  # stop early (and say so in the card) after this long
     save_dtype: str = "bfloat16"
+
+
+@dataclass
+class TrainDraftExperiment:
+    _target_: str = "experiments.train_draft.run"
+    out_dir: str = "${paths.artifacts}/${model.name}_draft"
+    max_tokens: int = 300_000  # base-model tokens to extract features for
+    seq_len: int = 256
+    extract_batch: int = 16
+    eval_share: float = 0.05
+    steps: int = 1200
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    feature_noise: float = 0.2  # uniform noise width on input features (EAGLE)
+    p_weight: float = 0.1  # weight of the next-token cross-entropy beside the feature loss
+    k: int = 4  # top-K agreement reported (the speculative set size)
+
+
+@dataclass
+class TrainPredictorsExperiment:
+    _target_: str = "experiments.train_predictors.run"
+    out_dir: str = "${early_exit.predictors_path}"
+    adainfer_out_dir: str = "${early_exit.adainfer_path}"
+    # Calibration prompts, disjoint from evaluation: Spec-Bench prompts from this offset on
+    # (speed runs use offsets below it) plus openings of held-out TinyStories.
+    spec_bench_offset: int = 10
+    spec_bench_count: int = 3  # per category
+    story_prompts: int = 40
+    max_new_tokens: int = 48
+    hidden: int = 512
+    epochs: int = 15
+    lr: float = 1e-3
+    batch_size: int = 256
+    pos_weight: str = "none"  # none | balanced
+    held_out_share: float = 0.2  # of prompts
+    svm_max_samples: int = 40000
 
 
 @dataclass
@@ -90,6 +143,8 @@ class PathsConfig:
 class Config:
     model: Any = MISSING
     ablation: Any = MISSING
+    draft: Any = MISSING
+    early_exit: EarlyExitConfig = field(default_factory=EarlyExitConfig)
     dataset: Any = MISSING
     experiment: Any = MISSING
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -104,6 +159,9 @@ SCHEMAS = {
     ("dataset", "dataset_schema"): DatasetConfig,
     ("experiment", "speed_schema"): SpeedExperiment,
     ("experiment", "train_base_schema"): TrainBaseExperiment,
+    ("experiment", "train_draft_schema"): TrainDraftExperiment,
+    ("experiment", "train_predictors_schema"): TrainPredictorsExperiment,
+    ("draft", "draft_schema"): DraftConfig,
 }
 
 
@@ -122,5 +180,13 @@ def validate(cfg) -> None:
         )
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise SpeceeError(f"model.dtype={cfg.model.dtype!r} is unknown; valid: float32, bfloat16, float16")
-    if cfg.ablation.mode not in ("dense",):
-        raise SpeceeError(f"ablation.mode={cfg.ablation.mode!r} is unknown; valid: dense")
+    if cfg.ablation.mode not in ("dense", "specee", "adainfer"):
+        raise SpeceeError(f"ablation.mode={cfg.ablation.mode!r} is unknown; valid: dense, specee, adainfer")
+    needs_draft = cfg.ablation.mode == "specee" or cfg.experiment._target_.endswith("train_predictors.run")
+    if needs_draft and cfg.draft.name == "none":
+        raise SpeceeError(f"ablation={cfg.ablation.name} needs a draft head; use draft=eagle "
+                          "(draft.path=... for an EAGLE-1 checkpoint)")
+    if cfg.early_exit.kv_policy not in ("holes", "propagate"):
+        raise SpeceeError(f"early_exit.kv_policy={cfg.early_exit.kv_policy!r} is unknown; valid: holes, propagate")
+    if cfg.early_exit.k < 1:
+        raise SpeceeError("early_exit.k must be >= 1")

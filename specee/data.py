@@ -131,3 +131,41 @@ def spec_bench_prompts(root, categories: list[str] | None = None, count: int | N
     if not prompts:
         raise SpeceeError("the prompt selection is empty; check dataset.categories / count / offset")
     return prompts
+
+
+INSTRUCTION_FILES = {
+    "gpteacher_roleplay": "gpteacher/roleplay-simple-deduped-roleplay-instruct.json",
+    "gpteacher_codegen": "gpteacher/codegen-instruct.json",
+    "dolly_sample": "dolly_sample/dolly_151.jsonl",
+    "alpaca_gpt4_demo": "alpaca_gpt4_demo/alpaca_en_demo.json",
+}
+TINYSTORIES_CONTINUATION = "tinystories/tinystories_valid_prefix_continuation_unsegmented.txt"
+
+
+def instruction_pairs(root, sources: list[str] | None = None) -> tuple[list[tuple[str, str]], dict]:
+    """(prompt, response) pairs from the instruction sets, and {file: sha256}."""
+    pairs, shas = [], {}
+    for name in sources or list(INSTRUCTION_FILES):
+        if name not in INSTRUCTION_FILES:
+            raise SpeceeError(f"unknown instruction source {name!r}; valid: {sorted(INSTRUCTION_FILES)}")
+        path = data_file(root, INSTRUCTION_FILES[name])
+        shas[INSTRUCTION_FILES[name]] = sha256(path)
+        text = path.read_text(encoding="utf-8")
+        rows = [json.loads(l) for l in text.splitlines() if l.strip()] if path.suffix == ".jsonl" \
+            else json.loads(text)
+        for r in rows:
+            if "prompt" in r:  # dolly: already an Alpaca-style prompt
+                pairs.append((r["prompt"].strip(), r["answer"].strip()))
+            else:
+                prompt = r["instruction"].strip() + (f"\n\n{r['input'].strip()}" if r.get("input") else "")
+                pairs.append((prompt, (r.get("response") or r.get("output") or "").strip()))
+    return [p for p in pairs if p[0] and p[1]], shas
+
+
+def story_openings(root, count: int, words: int = 12) -> tuple[list[Prompt], dict]:
+    """Openings of held-out TinyStories (the continuation slice, never used for training)."""
+    path = data_file(root, TINYSTORIES_CONTINUATION)
+    paras = [fix_mojibake(p).strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8"))]
+    starts = [p for p in paras if len(p.split()) > 2 * words][:count]
+    prompts = [Prompt(f"story{i}", "tinystories", [" ".join(p.split()[:words])]) for i, p in enumerate(starts)]
+    return prompts, {TINYSTORIES_CONTINUATION: sha256(path)}

@@ -40,6 +40,7 @@ def atomic_dir(final: str | os.PathLike):
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    tmp.chmod(0o755)  # mkdtemp is private by default; artifacts are meant to be shared
     try:
         yield tmp
         if final.exists():

@@ -6,6 +6,8 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from specee.config import validate
+from specee.data import data_root
+from specee.io import project_path
 from specee.errors import SpeceeError
 
 
@@ -13,6 +15,7 @@ def run_experiment(cfg: DictConfig):
     # Instantiating the dataclasses checks every value's type, not just key names.
     OmegaConf.to_object(cfg)
     validate(cfg)
+    data_root(project_path(cfg.paths.data_root))  # every recipe reads it: fail before any work
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     target = cfg.experiment._target_

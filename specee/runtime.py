@@ -100,9 +100,9 @@ class LayerwiseLM:
     """embed -> layer 0 -> ... -> layer L-1 -> norm -> lm_head, one call per piece."""
 
     def __init__(self, model):
+        p = _parts(model)
         self.model = model.eval()
         self.config = model.config
-        p = _parts(model)
         self.embed_tokens, self.layers, self.norm, self.lm_head, self.rotary = (
             p.embed, p.layers, p.norm, p.lm_head, p.rotary)
         self.num_layers = len(self.layers)
@@ -139,12 +139,15 @@ class LayerwiseLM:
         ``block_mask`` (T x T, bool, True = may attend) says which new tokens see each other;
         every cached entry of this layer is visible to all of them. None means causal.
         """
-        t, past = h.shape[1], cache.lengths[i]
-        mask = None  # one token, or a causal block with no past: SDPA's own causal path
-        if block_mask is not None or (t > 1 and (past > 0 or not self._sdpa)):
-            mask = self._additive_mask(past, t, block_mask)
+        mask = self.mask_for(cache.lengths[i], h.shape[1], block_mask)
         return self.layers[i](h, attention_mask=mask, position_embeddings=rope,
                               position_ids=position_ids, cache=cache, use_cache=True)
+
+    def mask_for(self, past: int, t: int, block_mask: torch.Tensor | None):
+        """Additive mask for T new tokens over ``past`` cached ones; None when SDPA's default fits."""
+        if block_mask is None and (t == 1 or (past == 0 and self._sdpa)):
+            return None  # one token sees everything; a fresh causal block uses SDPA's causal path
+        return self._additive_mask(past, t, block_mask)
 
     def _additive_mask(self, past: int, t: int, block_mask: torch.Tensor | None) -> torch.Tensor:
         if block_mask is None:

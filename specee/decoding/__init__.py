@@ -2,11 +2,22 @@
 from __future__ import annotations
 
 from specee.errors import SpeceeError
+from specee.io import project_path
 
 
 def build_decoder(cfg, rt):
-    mode = cfg.ablation.mode
+    mode, ee = cfg.ablation.mode, cfg.early_exit
     if mode == "dense":
         from specee.decoding.dense import DenseDecoder
         return DenseDecoder(rt)
-    raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense")
+    if mode == "specee":
+        from specee.decoding.specee_ar import SpecEEDecoder
+        from specee.early_exit.predictor import PredictorBank
+        from specee.models.draft import load_draft
+        draft, _ = load_draft(project_path(cfg.draft.path), rt)
+        bank, _ = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
+        return SpecEEDecoder(rt, draft, bank.to(rt.device, rt.dtype), ee.k, ee.kv_policy)
+    if mode == "adainfer":
+        from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
+        return AdaInferDecoder(rt, AdaInferSVM.load(project_path(ee.adainfer_path)), ee.kv_policy)
+    raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer")

@@ -48,8 +48,8 @@ def checkpoint_dir(model_cfg) -> str:
 
 def load_model(model_cfg):
     """Return (model, tokenizer) in eval mode, dtype and device from the config."""
-    src = checkpoint_dir(model_cfg)
     device = resolve_device(model_cfg.device)
+    src = checkpoint_dir(model_cfg)
     dtype = DTYPES[model_cfg.dtype]
     local_only = not model_cfg.allow_hub
     kwargs = dict(dtype=dtype, local_files_only=local_only, trust_remote_code=model_cfg.trust_remote_code)

@@ -1,0 +1,56 @@
+"""Training data for exit predictors: dense greedy decoding, features and labels at every layer.
+
+Per generated token and layer l: the speculative features (draft proposes S from the dense
+history), AdaInfer's [gap, top_prob], and the label ``argmax(lm_head(norm(h_l))) == final token``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specee.early_exit.features import adainfer_features, initial_p, spec_features
+from specee.models.draft import DraftHead
+from specee.runtime import LayerwiseLM
+
+
+@torch.inference_mode()
+def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens: int, k: int,
+                   eos_id: int | None) -> dict[str, np.ndarray]:
+    cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
+    dcache = draft.new_cache(prompt_ids.shape[1] + max_new_tokens)
+    f = rt.norm(rt.forward(prompt_ids, cache))
+    if prompt_ids.shape[1] > 1:
+        draft(prompt_ids[:, 1:], f[:, :-1], dcache)
+    token, f_prev = rt.lm_head(f[:, -1:])[0, -1].argmax(), f[:, -1:]
+    rows = {"feats": [], "argmax": [], "ada": [], "spec": []}
+    generated = 1
+    while generated < max_new_tokens and int(token) != eos_id:
+        spec = draft.logits(draft(token.view(1, 1), f_prev, dcache))[0, -1].topk(k).indices
+        spec_w = rt.lm_head.weight[spec]
+        p_prev = initial_p(k, spec_w)
+        pos = rt.positions(cache, 1)
+        h = rt.embed(token.view(1, 1))
+        rope = rt.rope(h, pos)
+        feats, argmaxes, ada = [], [], []
+        for i in range(rt.num_layers):
+            h = rt.run_layer(i, h, rope, cache, None, pos)
+            normed = rt.norm(h)[0, 0]
+            x, p_prev = spec_features(normed, spec_w, p_prev)
+            logits = rt.lm_head(normed)
+            feats.append(x)
+            argmaxes.append(logits.argmax())
+            ada.append(adainfer_features(logits))
+        cache.seq_len += 1
+        rows["feats"].append(torch.stack(feats).float())
+        rows["argmax"].append(torch.stack(argmaxes))
+        rows["ada"].append(torch.stack(ada).float())
+        rows["spec"].append(spec)
+        token, f_prev = argmaxes[-1], normed.view(1, 1, -1)
+        generated += 1
+    if not rows["feats"]:
+        return {}
+    out = {k_: torch.stack(v).cpu().numpy() for k_, v in rows.items()}
+    final = out["argmax"][:, -1:]
+    out["label"] = out["argmax"] == final  # (T, L)
+    out["in_spec"] = (out["argmax"][:, :, None] == out["spec"][:, None, :]).any(-1)
+    return out

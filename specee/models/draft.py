@@ -1,0 +1,143 @@
+"""EAGLE-1 style draft head over a base model's features.
+
+    f_hat[i+1] = Layer( fc( cat(embed(x[i+1]), f[i]) ) )      logits = lm_head(f_hat)
+
+``f`` is the base model's *final-normed* hidden state (what its lm_head reads), the decoder
+layer is the base model's own layer class without its input norm, and the embeddings, rotary
+embedding and lm_head are the base model's modules, shared, not copied. The head keeps its
+own one-layer :class:`~specee.runtime.LayerKVCache`.
+
+Checkpoints: specee's own format (``draft.safetensors`` + ``draft_card.json``) or an EAGLE-1
+folder (``config.json`` + ``pytorch_model.bin`` / ``*.safetensors`` with ``fc.*`` and
+``layers.0.*`` keys, e.g. a local copy of EAGLE-llama2-chat-7B).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specee.errors import SpeceeError
+from specee.runtime import LayerKVCache, LayerwiseLM
+
+CARD = "draft_card.json"
+WEIGHTS = "draft.safetensors"
+
+
+class DraftHead(nn.Module):
+    def __init__(self, base_config):
+        super().__init__()
+        cfg = copy.deepcopy(base_config)
+        cfg.num_hidden_layers = 1
+        if hasattr(cfg, "layer_types") and cfg.layer_types:
+            cfg.layer_types = cfg.layer_types[:1]
+        self.config = cfg
+        d = cfg.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=True)
+        self._layer_cls = None
+        self.layer = None  # built by attach(): needs the base model's decoder-layer class
+
+    def attach(self, rt: LayerwiseLM) -> "DraftHead":
+        """Build the decoder layer with the base model's layer class and bind shared modules."""
+        if self.layer is None:
+            layer = type(rt.layers[0])(self.config, 0)
+            layer.input_layernorm = nn.Identity()  # EAGLE-1: no input norm on the draft layer
+            self.layer = layer
+        self._rt = rt  # not a submodule: embeddings/lm_head stay the base model's
+        return self.to(device=rt.device, dtype=rt.dtype)
+
+    @property
+    def rt(self) -> LayerwiseLM:
+        return self._rt
+
+    def new_cache(self, capacity: int = 256) -> LayerKVCache:
+        rt = self.rt
+        return LayerKVCache(1, rt.kv_heads, rt.head_dim, rt.dtype, rt.device, capacity)
+
+    def forward(self, next_ids: torch.Tensor, feats: torch.Tensor, cache: LayerKVCache | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """next_ids: (1, T) tokens x[i+1]; feats: (1, T, d) features f[i]. Returns f_hat (1, T, d)."""
+        rt = self.rt
+        x = self.fc(torch.cat([rt.embed(next_ids), feats], dim=-1))
+        if position_ids is None:
+            start = cache.seq_len if cache is not None else 0
+            position_ids = torch.arange(start, start + x.shape[1], device=x.device).unsqueeze(0)
+        rope = rt.rotary(x, position_ids=position_ids)
+        mask = rt.mask_for(cache.lengths[0] if cache is not None else 0, x.shape[1], None)
+        out = self.layer(x, attention_mask=mask, position_embeddings=rope, position_ids=position_ids,
+                         cache=cache, use_cache=cache is not None)
+        if cache is not None:
+            cache.seq_len += x.shape[1]
+        return out
+
+    def logits(self, f_hat: torch.Tensor) -> torch.Tensor:
+        return self.rt.lm_head(f_hat)
+
+    # -- persistence ------------------------------------------------------------------------
+    def save(self, folder: Path, card: dict) -> None:
+        from safetensors.torch import save_file
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()},
+                  str(folder / WEIGHTS))
+        (folder / CARD).write_text(json.dumps(card, indent=1))
+
+
+def load_draft(path: str | Path, rt: LayerwiseLM) -> tuple[DraftHead, dict]:
+    """Load a specee draft folder or an EAGLE-1 checkpoint folder for the base model ``rt``."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise SpeceeError(f"draft.path={path} is not a directory; train one with "
+                          "`python run.py experiment=train_draft` or point it at an EAGLE-1 checkpoint")
+    head = DraftHead(rt.config).attach(rt)
+    if (folder / CARD).is_file():
+        card = json.loads((folder / CARD).read_text())
+        state = _read_weights(folder / WEIGHTS)
+    else:
+        state, card = _eagle_state(folder), {"format": "eagle-1", "path": str(folder)}
+    if card.get("base_num_layers") not in (None, rt.num_layers) or \
+            card.get("hidden_size", rt.config.hidden_size) != rt.config.hidden_size:
+        raise SpeceeError(f"the draft head at {folder} was trained for another base model "
+                          f"({card.get('base_model')}); train one for this model")
+    own = head.state_dict()
+    missing = [k for k in own if k not in state]
+    wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or wrong:
+        raise SpeceeError(f"draft checkpoint {folder} does not fit this base model: "
+                          f"missing {missing[:4]}, wrong shape {wrong[:4]}")
+    head.load_state_dict({k: state[k].to(rt.dtype) for k in own})
+    return head.eval(), card
+
+
+def _read_weights(file: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    if not file.is_file():
+        raise SpeceeError(f"missing {file}; retrain the draft head (experiment=train_draft)")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise SpeceeError(f"{file} is corrupt ({err}); retrain the draft head") from err
+
+
+def _eagle_state(folder: Path) -> dict:
+    """Map EAGLE-1 keys (fc.*, layers.0.*) onto DraftHead's (fc.*, layer.*)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        raw = {}
+        for f in files:
+            raw.update(_read_weights(f))
+    elif (folder / "pytorch_model.bin").is_file():
+        raw = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise SpeceeError(f"{folder} holds neither {CARD} (specee draft) nor EAGLE weights "
+                          "(pytorch_model.bin / *.safetensors)")
+    state = {}
+    for k, v in raw.items():
+        if k.startswith("fc."):
+            state[k] = v
+        elif k.startswith("layers.0."):
+            state["layer." + k[len("layers.0."):]] = v
+    return state

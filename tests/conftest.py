@@ -1,0 +1,46 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "specee" / "artifacts" / "tiny"
+torch.set_num_threads(1)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def random_lm(arch: str = "llama", layers: int = 4, seed: int = 0):
+    """A small random-init causal LM of a Llama-family architecture (no download)."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
+    torch.manual_seed(seed)
+    common = dict(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cls, cfg = {
+        "llama": (LlamaForCausalLM, LlamaConfig(**common)),
+        "mistral": (MistralForCausalLM, MistralConfig(**common, sliding_window=4096)),
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config(**common)),
+    }[arch]
+    model = cls(cfg).eval()
+    # Random init gives near-uniform logits; sharpen them so greedy choices are not ties.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not (TINY / "config.json").is_file():
+        pytest.fail(f"the committed tiny artifact is missing at {TINY}")
+    model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(TINY)
+
+
+def run_cli(*args, timeout=900):
+    import subprocess
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})

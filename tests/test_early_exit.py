@@ -1,0 +1,126 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import random_lm
+from specee.decoding.dense import DenseDecoder
+from specee.decoding.specee_ar import SpecEEDecoder
+from specee.early_exit.collect import collect_prompt
+from specee.early_exit.features import adainfer_features, initial_p, spec_features
+from specee.early_exit.kv_policy import fill_skipped
+from specee.early_exit.predictor import PredictorBank, make_mlp
+from specee.models.draft import DraftHead
+from specee.runtime import LayerwiseLM
+
+K = 4
+
+
+def setup(layers=6, seed=0):
+    model = random_lm("llama", layers=layers, seed=seed)
+    rt = LayerwiseLM(model)
+    torch.manual_seed(seed + 1)
+    draft = DraftHead(model.config).attach(rt).eval()
+    return rt, draft
+
+
+def prompts(n=3):
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(1, 101, (1, 6 + 3 * i), generator=g) for i in range(n)]
+
+
+def test_spec_features_match_a_hand_computation():
+    h = torch.tensor([0.5, -1.0, 2.0])
+    w = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, -1.0]])
+    p_prev = initial_p(4, w)
+    feats, p = spec_features(h, w, p_prev)
+    z = [0.5, -1.0, 1.5, -2.0]
+    e = [math.exp(v) for v in z]
+    soft = [v / sum(e) for v in e]
+    expected = z + soft + [s - 0.25 for s in soft]
+    assert feats.shape == (12,)
+    torch.testing.assert_close(feats, torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    feats2, _ = spec_features(h * 2, w, p)
+    torch.testing.assert_close(feats2[8:], feats2[4:8] - p)  # variation against the previous layer
+
+
+def test_adainfer_features_are_gap_and_top_prob():
+    logits = torch.log(torch.tensor([0.1, 0.6, 0.3]))
+    torch.testing.assert_close(adainfer_features(logits), torch.tensor([0.3, 0.6]))
+
+
+def test_bank_reproduces_the_training_mlp():
+    mlp = make_mlp(K, 16)
+    bank = PredictorBank(3, K, 16, threshold=0.5)
+    bank.put(1, mlp)
+    x = torch.randn(3 * K)
+    torch.testing.assert_close(bank.prob(1, x), torch.sigmoid(mlp(x))[0])
+    assert bank.fires(1, x) == bool(torch.sigmoid(mlp(x)) > 0.5)
+
+
+@pytest.mark.parametrize("policy", ["holes", "propagate"])
+def test_never_firing_predictor_reproduces_dense_exactly(policy):
+    rt, draft = setup()
+    never = PredictorBank.constant(rt.num_layers, K, fire=False)
+    dec = SpecEEDecoder(rt, draft, never, K, policy)
+    for ids in prompts():
+        gen = dec.generate(ids, 20)
+        assert gen.tokens == DenseDecoder(rt).generate(ids, 20).tokens
+        assert gen.exit_layers[1:] == [rt.num_layers] * 19
+        assert all(t["verify_calls"] == 0 and t["pred_calls"] == rt.num_layers - 1 for t in gen.trace)
+
+
+def test_always_firing_predictor_exits_only_where_verification_allows():
+    rt, draft = setup(layers=8)
+    always = PredictorBank.constant(rt.num_layers, K, fire=True)
+    dec = SpecEEDecoder(rt, draft, always, K, "holes")
+    exits = 0
+    for ids in prompts(5):
+        gen = dec.generate(ids, 24)
+        for tok, tr in zip(gen.tokens[1:], gen.trace):
+            if tr["exit_layer"] < rt.num_layers - 1:
+                exits += 1
+                assert tok in tr["spec"], "an exit emitted a token outside the speculative set"
+            # Every layer before the exit was verified and rejected; one verification per call.
+            assert tr["verify_calls"] == tr["pred_calls"] == min(tr["exit_layer"] + 1, rt.num_layers - 1)
+        # The first decode step runs on the same state as dense collection: its exit must be the
+        # first layer whose full-vocabulary argmax lies in the draft's set.
+        ref = collect_prompt(rt, draft, ids, 2, K, None)
+        allowed = np.flatnonzero(ref["in_spec"][0, : rt.num_layers - 1])
+        first = int(allowed[0]) if len(allowed) else rt.num_layers - 1
+        assert gen.trace[0]["exit_layer"] == first
+        assert gen.tokens[1] == int(ref["argmax"][0, first])
+    assert exits > 0, "the test never exercised an exit"
+
+
+def test_propagate_fills_skipped_layers_and_holes_do_not():
+    rt, _ = setup(layers=5)
+    ids = prompts(2)[1]  # 9 tokens
+    for policy, expect in [("holes", [7, 7, 6, 6, 6]), ("propagate", [7] * 5)]:
+        cache = rt.new_cache()
+        with torch.inference_mode():
+            rt.forward(ids[:, :6], cache)
+            pos = rt.positions(cache, 1)
+            h = rt.embed(ids[:, 6:7])
+            rope = rt.rope(h, pos)
+            for i in range(2):
+                h = rt.run_layer(i, h, rope, cache, None, pos)
+            cache.seq_len += 1
+            fill_skipped(rt, cache, h, 1, rope, policy)
+        assert cache.lengths == expect
+
+
+def test_propagated_kv_equals_the_layers_own_projection():
+    """The filled K/V are what the skipped layer's attention would store for input h_exit."""
+    rt, _ = setup(layers=3)
+    h = torch.randn(1, 1, 64)
+    pos = torch.tensor([[4]])
+    with torch.inference_mode():
+        rope = rt.rope(h, pos)
+        a, b = rt.new_cache(), rt.new_cache()
+        fill_skipped(rt, a, h, 0, rope, "propagate")
+        layer = rt.layers[2]
+        layer.self_attn(layer.input_layernorm(h), position_embeddings=rope, attention_mask=None, cache=b)
+    torch.testing.assert_close(a.keys[2][:, :, :1], b.keys[2][:, :, :1])
+    torch.testing.assert_close(a.values[2][:, :, :1], b.values[2][:, :, :1])

@@ -1,0 +1,29 @@
+import json
+
+from conftest import run_cli
+
+
+def test_micro_training_recipe_lowers_loss_and_writes_a_loadable_artifact(tmp_path):
+    out = tmp_path / "tiny_micro"
+    res = run_cli("experiment=train_base", f"experiment.out_dir={out}", "experiment.vocab_size=512",
+                  "experiment.hidden_size=32", "experiment.intermediate_size=64",
+                  "experiment.num_layers=2", "experiment.num_heads=2", "experiment.num_kv_heads=1",
+                  "experiment.seq_len=32", "experiment.batch_size=8", "experiment.steps=60",
+                  "experiment.warmup_steps=5", "experiment.lr=5e-3", "experiment.eval_every=30",
+                  "experiment.eval_stories=3", "experiment.final_eval_stories=5",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    card = json.loads((out / "model_card.json").read_text())
+    losses = [r["loss"] for r in card["loss_curve"]]
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < first - 0.5, (first, last)
+    assert card["steps"] == 60 and card["tokens_seen"] == 60 * 8 * 32
+    assert all(len(sha) == 64 for sha in card["data"].values())
+    assert card["validation"]["val_ppl"] > 1
+
+    from omegaconf import OmegaConf
+    from specee.config import ModelConfig
+    from specee.models.loader import load_model
+    model, tok = load_model(OmegaConf.structured(ModelConfig(name="micro", path=str(out))))
+    assert model.config.num_hidden_layers == 2 and len(tok) == model.config.vocab_size
+    assert not list(tmp_path.glob(".tiny_micro*")), "a temporary artifact folder was left behind"
