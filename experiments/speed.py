@@ -29,6 +29,43 @@ def load_prompts(cfg) -> list[dict]:
              "text": format_conversation(cfg.model.chat_template, [(p.turns[0], None)])} for p in prompts]
 
 
+def early_exit_metrics(gens, m: dict) -> dict:
+    """Where the early-exit modes spend their time, from the per-token traces."""
+    trace = [t for g in gens for t in g.trace]
+    if not trace:
+        return {}
+    decode_s = m["decode_s"]
+    t_pred = sum(t["t_pred"] for t in trace)
+    t_verify = sum(t["t_verify"] for t in trace)
+    t_draft = sum(t["t_draft"] for t in trace)
+    n = len(trace)
+    return {
+        "predictor_calls_per_token": sum(t["pred_calls"] for t in trace) / n,
+        "verify_calls_per_token": sum(t["verify_calls"] for t in trace) / n,
+        "exit_rate": sum(t["exit_layer"] < m["num_layers"] - 1 for t in trace) / n,
+        "overhead_share": (t_pred + t_verify) / decode_s,
+        "draft_share": t_draft / decode_s,
+        "time_split_s": {"layers": sum(t["t_layers"] for t in trace), "predictors": t_pred,
+                         "verification": t_verify, "draft": t_draft, "decode_total": decode_s},
+        "efficiency": m["speedup_vs_dense"] / (m["num_layers"] / m["avg_layers"]),
+    }
+
+
+def check_disjoint_from_calibration(cfg, prompts: list[dict]) -> None:
+    """Evaluation prompts must not be ones the predictors were trained on."""
+    if cfg.ablation.mode != "specee":
+        return
+    import json
+    card = project_path(cfg.early_exit.predictors_path) / "predictors_card.json"
+    if not card.is_file():
+        return  # build_decoder reports the missing predictors
+    calib = set(json.loads(card.read_text()).get("calibration_prompt_ids", []))
+    overlap = sorted({p["id"] for p in prompts} & calib)
+    if overlap:
+        raise SpeceeError(f"evaluation prompts {overlap[:5]} were used to train the predictors; "
+                          "choose dataset.offset/count below the calibration offset")
+
+
 def run(cfg) -> dict:
     out = results.output_dir()
     if not cfg.force and (done := results.finished(out)):
@@ -42,6 +79,7 @@ def run(cfg) -> dict:
     eos = tokenizer.eos_token_id
     n_new = cfg.dataset.max_new_tokens
     prompts = load_prompts(cfg)
+    check_disjoint_from_calibration(cfg, prompts)
     encoded = [tokenizer(p["text"], return_tensors="pt").input_ids.to(rt.device) for p in prompts]
 
     for ids in encoded[: cfg.experiment.warmup]:  # warm caches, allocator and kernels
@@ -72,6 +110,7 @@ def run(cfg) -> dict:
     m["speedup_vs_dense"] = m["decode_tokens_per_s"] / d["decode_tokens_per_s"]
     m["match_rate_vs_dense"] = match_rate([g.tokens for g in dense_gens], [g.tokens for g in mode_gens])
     m["dense"] = d
+    m.update(early_exit_metrics(mode_gens, m))
     if cfg.experiment.compare_hf_generate:
         dense_total = sum(g.prefill_s + g.decode_s for g in dense_gens)
         m["hf_generate_ratio"] = dense_total / hf_s

@@ -1,0 +1,101 @@
+"""Every recipe end to end at micro scale, through the real CLI: base -> draft -> predictors -> speed."""
+import json
+
+import pytest
+
+from conftest import run_cli
+
+MICRO_BASE = ["experiment.vocab_size=512", "experiment.hidden_size=32", "experiment.intermediate_size=64",
+              "experiment.num_layers=4", "experiment.num_heads=2", "experiment.num_kv_heads=1",
+              "experiment.seq_len=32", "experiment.batch_size=8", "experiment.steps=40",
+              "experiment.warmup_steps=5", "experiment.lr=5e-3", "experiment.eval_every=0",
+              "experiment.final_eval_stories=3"]
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    root = tmp_path_factory.mktemp("micro")
+    art = {"model.path": root / "base", "draft.path": root / "draft",
+           "early_exit.predictors_path": root / "pred", "early_exit.adainfer_path": root / "ada"}
+    paths = [f"{k}={v}" for k, v in art.items()]
+    res = run_cli("experiment=train_base", f"experiment.out_dir={art['model.path']}", *MICRO_BASE,
+                  f"hydra.run.dir={root / 'r1'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_cli("experiment=train_draft", *paths, f"experiment.out_dir={art['draft.path']}",
+                  "experiment.max_tokens=8000", "experiment.seq_len=64", "experiment.steps=15",
+                  f"hydra.run.dir={root / 'r2'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_cli("experiment=train_predictors", *paths, "experiment.spec_bench_count=1",
+                  "experiment.story_prompts=6", "experiment.max_new_tokens=10", "experiment.epochs=3",
+                  f"hydra.run.dir={root / 'r3'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    return root, paths
+
+
+def test_draft_card_reports_agreement(micro):
+    root, _ = micro
+    card = json.loads((root / "draft" / "draft_card.json").read_text())
+    q = card["held_out_agreement"]
+    assert 0 <= q["top1"] <= q["top4"] <= 1 and q["positions"] > 0
+    assert card["base_num_layers"] == 4
+
+
+def test_predictor_card_describes_its_training(micro):
+    root, _ = micro
+    card = json.loads((root / "pred" / "predictors_card.json").read_text())
+    assert card["k"] == 4 and card["num_layers"] == 4 and len(card["per_layer"]) == 3
+    assert len(card["data_sha256"]) == 64 and "p_prev" in card["feature_definition"]
+    assert card["calibration_prompt_ids"] and card["collected_tokens"] > 0
+
+
+@pytest.mark.parametrize("ablation", ["dense", "specee_t1", "adainfer"])
+def test_speed_run_writes_a_self_describing_result(micro, ablation, tmp_path):
+    root, paths = micro
+    args = [f"ablation={ablation}", *paths, "dataset.categories=[writing,qa]", "dataset.max_new_tokens=12",
+            f"hydra.run.dir={tmp_path}"]
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    m = doc["metrics"]
+    assert doc["config"]["ablation"]["name"] == ablation and doc["env"]["packages"]["torch"]
+    assert doc["env"]["seed"] == 0 and doc["env"]["dtype"] == "float32"
+    for key in ("tokens_per_s", "latency_ms_per_token", "avg_layers", "speedup_vs_dense",
+                "match_rate_vs_dense", "hf_generate_ratio"):
+        assert key in m
+    assert m["hf_generate_identical_share"] == 1.0
+    assert 1 <= m["avg_layers"] <= m["num_layers"] == 4
+    if ablation == "dense":
+        assert m["match_rate_vs_dense"] == 1.0 and m["avg_layers"] == 4
+    else:
+        for key in ("predictor_calls_per_token", "overhead_share", "draft_share", "efficiency"):
+            assert key in m
+        assert len(doc["prompts"][0]["trace"]) == doc["prompts"][0]["tokens"] - 1
+    # A rerun into the same directory skips the finished job.
+    again = run_cli(*args)
+    assert again.returncode == 0 and "skipping" in again.stdout
+
+
+def test_evaluation_prompts_overlapping_calibration_are_refused(micro, tmp_path):
+    _, paths = micro
+    res = run_cli("ablation=specee_t1", *paths, "dataset.offset=10", "dataset.count=1",
+                  f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 2 and "used to train the predictors" in res.stderr
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_specee_without_a_draft_is_refused(micro, tmp_path):
+    _, paths = micro
+    res = run_cli("ablation=specee_t1", "draft=none", *paths[:1], f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 2 and "draft" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_corrupt_predictor_artifact_is_one_clear_error(micro, tmp_path):
+    root, paths = micro
+    bad = tmp_path / "pred"
+    bad.mkdir()
+    (bad / "predictors_card.json").write_text((root / "pred" / "predictors_card.json").read_text())
+    (bad / "predictors.safetensors").write_bytes(b"garbage")
+    args = [p for p in paths if not p.startswith("early_exit.predictors_path")]
+    res = run_cli("ablation=specee_t1", *args, f"early_exit.predictors_path={bad}",
+                  "dataset.categories=[writing]", f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 2 and "corrupt" in res.stderr and "Traceback" not in res.stderr
