@@ -133,6 +133,16 @@ class TrainPredictorsExperiment:
 
 
 @dataclass
+class AccuracyExperiment:
+    # Owned by the lm-eval integration (experiments/accuracy.py); fields may grow there.
+    _target_: str = "experiments.accuracy.run"
+    tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "arc_easy", "copa"])
+    limit: Optional[int] = 50  # items per task (None = all)
+    num_fewshot: int = 0
+    max_gen_tokens: int = 128
+
+
+@dataclass
 class PathsConfig:
     # Relative paths resolve against the project root (the folder holding run.py).
     data_root: str = "${oc.env:SPECEE_DATA_ROOT,../shared/data}"
@@ -161,6 +171,7 @@ SCHEMAS = {
     ("experiment", "train_base_schema"): TrainBaseExperiment,
     ("experiment", "train_draft_schema"): TrainDraftExperiment,
     ("experiment", "train_predictors_schema"): TrainPredictorsExperiment,
+    ("experiment", "accuracy_schema"): AccuracyExperiment,
     ("draft", "draft_schema"): DraftConfig,
 }
 

@@ -124,3 +124,28 @@ def test_propagated_kv_equals_the_layers_own_projection():
         layer.self_attn(layer.input_layernorm(h), position_embeddings=rope, attention_mask=None, cache=b)
     torch.testing.assert_close(a.keys[2][:, :, :1], b.keys[2][:, :, :1])
     torch.testing.assert_close(a.values[2][:, :, :1], b.values[2][:, :, :1])
+
+
+def test_dense_score_equals_hf_loglikelihood():
+    rt, _ = setup()
+    ids = prompts(2)[1]
+    ctx, cont = ids[:, :5], ids[0, 5:].tolist()
+    with torch.inference_mode():
+        logp = torch.log_softmax(rt.model(ids).logits[0].float(), -1)
+    ref = [logp[4 + j, t].item() for j, t in enumerate(cont)]
+    got = DenseDecoder(rt).score(ctx, cont)
+    np.testing.assert_allclose(got.logprobs, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fire", [False, True])
+def test_specee_scoring_its_own_output_replays_the_decode(fire):
+    """Teacher forcing on the tokens SpecEE generated takes the same exits and is greedy."""
+    rt, draft = setup(layers=8)
+    dec = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=fire), K, "holes")
+    for ids in prompts(3):
+        gen = dec.generate(ids, 16)
+        s = dec.score(ids, gen.tokens)
+        assert s.greedy and s.layers == gen.exit_layers
+        if not fire:
+            dense = DenseDecoder(rt).score(ids, gen.tokens)
+            np.testing.assert_allclose(s.logprobs, dense.logprobs, rtol=1e-4, atol=1e-5)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from specee.decoding.base import Clock, Generation
+from specee.decoding.base import Clock, Generation, Score, score_from_logits
 from specee.early_exit.features import adainfer_features
 from specee.early_exit.kv_policy import fill_skipped
 from specee.errors import SpeceeError
@@ -75,6 +75,7 @@ class AdaInferDecoder:
             nxt, exit_layer = int(logits.argmax()), last
         cache.seq_len += 1
         fill_skipped(rt, cache, h, exit_layer, rope, self.kv_policy)
+        self._last_logits = logits
         return torch.tensor(nxt), exit_layer, {"exit_layer": exit_layer, "layers": exit_layer + 1,
                                                "pred_calls": calls, "verify_calls": 0,
                                                "t_layers": t_layers, "t_pred": t_pred,
@@ -94,3 +95,16 @@ class AdaInferDecoder:
             t1 = clock()
             tokens.append(int(token)); times.append(t1 - t0); layers.append(exit_layer + 1); trace.append(tr)
         return Generation(tokens, times[0], times, layers, trace)
+
+    @torch.inference_mode()
+    def score(self, context_ids: torch.Tensor, continuation: list[int]) -> Score:
+        """Teacher forcing; each position's log-probs come from the layer the SVM exited at."""
+        rt = self.rt
+        cache = rt.new_cache(context_ids.shape[1] + len(continuation))
+        rows = [rt.logits(rt.forward(context_ids, cache)[:, -1:])[0, -1]]
+        layers = [rt.num_layers]
+        for tok in continuation[:-1]:
+            _, exit_layer, _ = self.decode_one_token(torch.tensor(tok, device=rt.device), cache)
+            rows.append(self._last_logits)
+            layers.append(exit_layer + 1)
+        return score_from_logits(torch.stack(rows), continuation, layers)

@@ -30,3 +30,23 @@ class Generation:
     @property
     def decode_s(self) -> float:
         return sum(self.token_s[1:])
+
+
+@dataclass
+class Score:
+    """Teacher-forced scoring of a continuation: per-token log-probs from the layer that emitted."""
+    logprobs: list[float]
+    greedy: bool  # every continuation token was the argmax of its scoring distribution
+    layers: list[int]  # decoder layers executed for each continuation position
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.logprobs))
+
+
+def score_from_logits(logits: torch.Tensor, targets: list[int], layers: list[int]) -> Score:
+    """logits: (T, V) rows predicting ``targets``."""
+    logp = torch.log_softmax(logits.float(), -1)
+    tgt = torch.tensor(targets, device=logits.device)
+    lp = logp.gather(-1, tgt[:, None])[:, 0]
+    return Score(lp.tolist(), bool((logp.argmax(-1) == tgt).all()), layers)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from specee.decoding.base import Clock, Generation
+from specee.decoding.base import Clock, Generation, Score, score_from_logits
 from specee.runtime import LayerKVCache, LayerwiseLM
 
 
@@ -41,3 +41,12 @@ class DenseDecoder:
             tokens.append(int(token))
             times.append(t1 - t0)
         return Generation(tokens, times[0], times, [rt.num_layers] * len(tokens))
+
+    @torch.inference_mode()
+    def score(self, context_ids: torch.Tensor, continuation: list[int]) -> Score:
+        """One forward over context + continuation: the same log-probs as the HF model's own."""
+        rt = self.rt
+        ids = torch.cat([context_ids, torch.tensor([continuation], device=context_ids.device)], 1)
+        h = rt.forward(ids[:, :-1], rt.new_cache(ids.shape[1]))
+        logits = rt.logits(h[0, context_ids.shape[1] - 1:])
+        return score_from_logits(logits, continuation, [rt.num_layers] * len(continuation))

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from specee.decoding.base import Clock, Generation
+from specee.decoding.base import Clock, Generation, Score, score_from_logits
 from specee.early_exit.features import initial_p, spec_features
 from specee.early_exit.kv_policy import fill_skipped
 from specee.early_exit.predictor import PredictorBank
@@ -124,3 +124,23 @@ class SpecEEDecoder:
             layers.append(exit_layer + 1)
             trace.append(tr)
         return Generation(tokens, times[0], times, layers, trace)
+
+    @torch.inference_mode()
+    def score(self, context_ids: torch.Tensor, continuation: list[int]) -> Score:
+        """Teacher forcing with the decoding-time exit decision at every continuation position:
+        the draft proposes from the real prefix, predictors + verification pick the exit layer,
+        and the log-probs come from norm(h_exit) @ lm_head. The first position is the dense
+        prefill's, as in decoding."""
+        rt = self.rt
+        n = context_ids.shape[1] + len(continuation)
+        cache, dcache = rt.new_cache(n), self.draft.new_cache(n)
+        state = self.schedule.new_request()
+        _, f = self.prefill(context_ids, cache, dcache)
+        feats, layers = [f.view(-1)], [rt.num_layers]
+        for tok in continuation[:-1]:
+            token = torch.tensor(tok, device=rt.device)
+            spec = self.propose(token, f, dcache)
+            _, f, exit_layer, _ = self.decode_one_token(token, spec, cache, state)
+            feats.append(f.view(-1))
+            layers.append(exit_layer + 1)
+        return score_from_logits(rt.lm_head(torch.stack(feats)), continuation, layers)
