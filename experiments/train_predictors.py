@@ -37,14 +37,6 @@ from specee.prompts import format_conversation
 from specee.runtime import LayerwiseLM
 
 
-def calibration_prompts(cfg) -> tuple[list[data.Prompt], dict]:
-    e, root = cfg.experiment, project_path(cfg.paths.data_root)
-    spec = data.spec_bench_prompts(root, None, e.spec_bench_count, e.spec_bench_offset)
-    stories, files = data.story_openings(root, e.story_prompts)
-    files[data.SPEC_BENCH] = data.sha256(data.data_file(root, data.SPEC_BENCH))
-    return spec + stories, files
-
-
 def train_svm(x: np.ndarray, y: np.ndarray, max_samples: int, seed: int) -> tuple[AdaInferSVM, dict]:
     from sklearn.svm import LinearSVC
     rng = np.random.default_rng(seed)
@@ -59,7 +51,7 @@ def run(cfg) -> dict:
     model, tokenizer = load_model(cfg.model)
     rt = LayerwiseLM(model)
     draft, draft_card = load_draft(project_path(cfg.draft.path), rt)
-    prompts, files = calibration_prompts(cfg)
+    prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), e)
 
     per_prompt = []
     for p in tqdm(prompts, desc="collect exit features"):

@@ -46,6 +46,19 @@ class EarlyExitConfig:
 
 
 @dataclass
+class PlacementConfig:
+    name: str = MISSING  # all_layers | offline_topm | online_union | online_only
+    offline: bool = False
+    online: bool = False
+    m: Optional[int] = None  # offline top-M; None = smallest M covering `coverage` of exits
+    coverage: float = 0.8
+    n_history: int = 5  # N: exits remembered per request
+    window: Optional[int] = None  # w; None = round(2 * num_layers / 32), at least 1
+    reference_variant: bool = False  # history shared across requests, offsets {-w, 0, +w}
+    profile_path: str = "${paths.artifacts}/${model.name}_exit_profile"
+
+
+@dataclass
 class AblationConfig:
     name: str = MISSING
     mode: str = "dense"  # dense | specee | adainfer
@@ -133,13 +146,36 @@ class TrainPredictorsExperiment:
 
 
 @dataclass
+class ProfileExitsExperiment:
+    _target_: str = "experiments.profile_exits.run"
+    out_dir: str = "${placement.profile_path}"
+    spec_bench_offset: int = 10  # the calibration prompts of train_predictors
+    spec_bench_count: int = 3
+    story_prompts: int = 40
+    max_new_tokens: int = 48
+
+
+@dataclass
+class StatsExperiment:
+    _target_: str = "experiments.stats.run"
+    max_n: int = 10  # context-similarity hit rate for N = 1..max_n
+    placements: list[str] = field(default_factory=lambda: ["all_layers", "offline_topm", "online_union"])
+    warmup: int = 1
+
+
+@dataclass
 class AccuracyExperiment:
     # Owned by the lm-eval integration (experiments/accuracy.py); fields may grow there.
     _target_: str = "experiments.accuracy.run"
     tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "arc_easy", "copa"])
-    limit: Optional[int] = 50  # items per task (None = all)
+    limit: Optional[int] = 50  # items per task, the first after the few-shot pool (None = all)
     num_fewshot: int = 0
-    max_gen_tokens: int = 128
+    max_gen_tokens: int = 128  # generative tasks, unless a task YAML sets max_gen_toks
+    max_length: Optional[int] = None  # token budget per request; None = the model's positions
+    on_overflow: str = "truncate"  # truncate (context from the left, counted) | error
+    baseline: str = "specee/evaluation/baselines/${model.name}.json"
+    update_baseline: bool = False  # evaluate twice, write this ablation's entries
+    check_baseline: bool = False  # compare with the baseline; exit 2 on drift
 
 
 @dataclass
@@ -152,8 +188,9 @@ class PathsConfig:
 @dataclass
 class Config:
     model: Any = MISSING
-    ablation: Any = MISSING
+    ablation: AblationConfig = MISSING
     draft: Any = MISSING
+    placement: Any = MISSING
     early_exit: EarlyExitConfig = field(default_factory=EarlyExitConfig)
     dataset: Any = MISSING
     experiment: Any = MISSING
@@ -172,7 +209,10 @@ SCHEMAS = {
     ("experiment", "train_draft_schema"): TrainDraftExperiment,
     ("experiment", "train_predictors_schema"): TrainPredictorsExperiment,
     ("experiment", "accuracy_schema"): AccuracyExperiment,
+    ("experiment", "profile_exits_schema"): ProfileExitsExperiment,
+    ("experiment", "stats_schema"): StatsExperiment,
     ("draft", "draft_schema"): DraftConfig,
+    ("placement", "placement_schema"): PlacementConfig,
 }
 
 
@@ -193,10 +233,14 @@ def validate(cfg) -> None:
         raise SpeceeError(f"model.dtype={cfg.model.dtype!r} is unknown; valid: float32, bfloat16, float16")
     if cfg.ablation.mode not in ("dense", "specee", "adainfer"):
         raise SpeceeError(f"ablation.mode={cfg.ablation.mode!r} is unknown; valid: dense, specee, adainfer")
-    needs_draft = cfg.ablation.mode == "specee" or cfg.experiment._target_.endswith("train_predictors.run")
+    needs_draft = cfg.ablation.mode == "specee" or cfg.experiment._target_.split(".")[1] in (
+        "train_predictors", "profile_exits", "stats")
     if needs_draft and cfg.draft.name == "none":
         raise SpeceeError(f"ablation={cfg.ablation.name} needs a draft head; use draft=eagle "
                           "(draft.path=... for an EAGLE-1 checkpoint)")
+    if cfg.placement.name != "all_layers" and cfg.ablation.mode != "specee":
+        raise SpeceeError(f"placement={cfg.placement.name} schedules SpecEE predictors; it needs a "
+                          f"SpecEE ablation (specee_t1, specee_t1_t2), not ablation={cfg.ablation.name}")
     if cfg.early_exit.kv_policy not in ("holes", "propagate"):
         raise SpeceeError(f"early_exit.kv_policy={cfg.early_exit.kv_policy!r} is unknown; valid: holes, propagate")
     if cfg.early_exit.k < 1:

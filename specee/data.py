@@ -169,3 +169,12 @@ def story_openings(root, count: int, words: int = 12) -> tuple[list[Prompt], dic
     starts = [p for p in paras if len(p.split()) > 2 * words][:count]
     prompts = [Prompt(f"story{i}", "tinystories", [" ".join(p.split()[:words])]) for i, p in enumerate(starts)]
     return prompts, {TINYSTORIES_CONTINUATION: sha256(path)}
+
+
+def calibration_prompts(root, e) -> tuple[list[Prompt], dict]:
+    """Prompts for predictor training and exit profiling, disjoint from evaluation: Spec-Bench
+    from ``e.spec_bench_offset`` on (evaluation reads lower offsets) + held-out story openings."""
+    spec = spec_bench_prompts(root, None, e.spec_bench_count, e.spec_bench_offset)
+    stories, files = story_openings(root, e.story_prompts)
+    files[SPEC_BENCH] = sha256(data_file(root, SPEC_BENCH))
+    return spec + stories, files

@@ -16,7 +16,8 @@ MICRO_BASE = ["experiment.vocab_size=512", "experiment.hidden_size=32", "experim
 def micro(tmp_path_factory):
     root = tmp_path_factory.mktemp("micro")
     art = {"model.path": root / "base", "draft.path": root / "draft",
-           "early_exit.predictors_path": root / "pred", "early_exit.adainfer_path": root / "ada"}
+           "early_exit.predictors_path": root / "pred", "early_exit.adainfer_path": root / "ada",
+           "placement.profile_path": root / "profile"}
     paths = [f"{k}={v}" for k, v in art.items()]
     res = run_cli("experiment=train_base", f"experiment.out_dir={art['model.path']}", *MICRO_BASE,
                   f"hydra.run.dir={root / 'r1'}")
@@ -28,6 +29,9 @@ def micro(tmp_path_factory):
     res = run_cli("experiment=train_predictors", *paths, "experiment.spec_bench_count=1",
                   "experiment.story_prompts=6", "experiment.max_new_tokens=10", "experiment.epochs=3",
                   f"hydra.run.dir={root / 'r3'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_cli("experiment=profile_exits", *paths, "experiment.spec_bench_count=1",
+                  "experiment.story_prompts=6", "experiment.max_new_tokens=10", f"hydra.run.dir={root / 'r4'}")
     assert res.returncode == 0, res.stderr[-2000:]
     return root, paths
 
@@ -48,7 +52,23 @@ def test_predictor_card_describes_its_training(micro):
     assert card["calibration_prompt_ids"] and card["collected_tokens"] > 0
 
 
-@pytest.mark.parametrize("ablation", ["dense", "specee_t1", "adainfer"])
+def test_exit_profile_and_statistics(micro, tmp_path):
+    root, paths = micro
+    prof = json.loads((root / "profile" / "exit_profile.json").read_text())
+    assert len(prof["exit_counts"]) == 4 and sum(prof["exit_counts"]) == prof["tokens"] > 0
+    res = run_cli("experiment=stats", *paths, "dataset.categories=[writing,qa]", "dataset.max_new_tokens=12",
+                  "experiment.max_n=3", f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = json.loads((tmp_path / "results.json").read_text())["metrics"]
+    assert set(m["placements"]) == {"all_layers", "offline_topm", "online_union"}
+    dist = m["exit_distribution"]["all"]
+    assert abs(sum(dist["share_per_layer"]) - 1) < 1e-3
+    cs = m["context_similarity"]["per_category"]["all"]
+    assert [r["n"] for r in cs] == [1, 2, 3] and all(0 <= r["shuffled_chance"] <= 1 for r in cs)
+    assert set(m["missed_exits"]) == {"offline_topm", "online_union"}
+
+
+@pytest.mark.parametrize("ablation", ["dense", "specee_t1", "specee_t1_t2", "adainfer"])
 def test_speed_run_writes_a_self_describing_result(micro, ablation, tmp_path):
     root, paths = micro
     args = [f"ablation={ablation}", *paths, "dataset.categories=[writing,qa]", "dataset.max_new_tokens=12",

@@ -5,7 +5,8 @@ from specee.errors import SpeceeError
 from specee.io import project_path
 
 
-def build_decoder(cfg, rt):
+def build_decoder(cfg, rt, placement=None, shadow: bool = False):
+    """The configured decoder; ``placement`` overrides cfg.placement (statistics compare several)."""
     mode, ee = cfg.ablation.mode, cfg.early_exit
     if mode == "dense":
         from specee.decoding.dense import DenseDecoder
@@ -15,8 +16,11 @@ def build_decoder(cfg, rt):
         from specee.early_exit.predictor import PredictorBank
         from specee.models.draft import load_draft
         draft, _ = load_draft(project_path(cfg.draft.path), rt)
+        from specee.early_exit.schedule import build_schedule
         bank, _ = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
-        return SpecEEDecoder(rt, draft, bank.to(rt.device, rt.dtype), ee.k, ee.kv_policy)
+        placement = placement or cfg.placement
+        schedule = build_schedule(placement, rt.num_layers, project_path(placement.profile_path))
+        return SpecEEDecoder(rt, draft, bank.to(rt.device, rt.dtype), ee.k, ee.kv_policy, schedule, shadow)
     if mode == "adainfer":
         from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
         return AdaInferDecoder(rt, AdaInferSVM.load(project_path(ee.adainfer_path)), ee.kv_policy)

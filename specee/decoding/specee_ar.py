@@ -31,8 +31,11 @@ class SpecEEDecoder:
     name = "specee"
 
     def __init__(self, rt: LayerwiseLM, draft: DraftHead, predictors: PredictorBank, k: int = 4,
-                 kv_policy: str = "holes", schedule=None):
+                 kv_policy: str = "holes", schedule=None, shadow: bool = False):
         self.rt, self.draft, self.predictors, self.k = rt, draft, predictors, k
+        # shadow: also evaluate unscheduled layers (statistics only; it costs time) to find the
+        # layer where the all-layers policy would have exited.
+        self.shadow = shadow
         self.kv_policy = kv_policy
         self.schedule = schedule or AllLayers(rt.num_layers)
         # The last layer always emits, so a predictor there would only cost time.
@@ -65,12 +68,17 @@ class SpecEEDecoder:
         t_layers = t_pred = t_verify = 0.0
         pred_calls = verify_calls = 0
         active = self.schedule.active(state)
-        nxt = exit_layer = normed = None
+        nxt = exit_layer = normed = shadow_exit = None
+        p_all = p_prev
         for i in range(rt.num_layers):
             t0 = now()
             h = rt.run_layer(i, h, rope, cache, None, pos)
             t1 = now()
             t_layers += t1 - t0
+            if self.shadow and self.can_exit[i]:
+                p_all, hit = self._shadow_check(i, h, spec_w, spec_list, p_all)
+                if hit and shadow_exit is None:
+                    shadow_exit = i
             if not (self.can_exit[i] and active[i]):
                 continue
             normed = rt.norm(h)[0, 0]
@@ -99,7 +107,16 @@ class SpecEEDecoder:
         trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "pred_calls": pred_calls,
                  "verify_calls": verify_calls, "t_layers": t_layers, "t_pred": t_pred,
                  "t_verify": t_verify}
+        if self.shadow:
+            trace["shadow_exit_layer"] = shadow_exit if shadow_exit is not None else rt.num_layers - 1
         return torch.tensor(nxt), normed.view(1, 1, -1), exit_layer, trace
+
+    def _shadow_check(self, i, h, spec_w, spec_list, p_all):
+        """Would the all-layers policy (p_prev = layer i-1) exit at layer i?"""
+        normed = self.rt.norm(h)[0, 0]
+        feats, p_all = spec_features(normed, spec_w, p_all)
+        hit = self.predictors.fires(i, feats) and int(self.rt.lm_head(normed).argmax()) in spec_list
+        return p_all, hit
 
     @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None) -> Generation:

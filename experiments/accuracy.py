@@ -1,0 +1,133 @@
+"""Recipe: lm-eval accuracy of the configured decoding mode on the local tasks, offline.
+
+    python run.py experiment=accuracy ablation=dense experiment.tasks=[boolq,copa] experiment.limit=20 threads=1
+
+Writes ``results.json`` (``metrics.accuracy.<task>``: accuracy and lm-eval's metrics with
+stderr, n, mean decoder layers used while scoring, truncated requests) and lm-eval's per-sample
+log ``samples_<task>.jsonl`` into the run dir. ``experiment.update_baseline=true`` evaluates
+twice (measuring run-to-run spread) and writes the drift baseline; ``experiment.check_baseline=true``
+compares with it and exits 2 beyond tolerance (:mod:`specee.evaluation.drift`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from specee import results
+from specee.decoding import build_decoder
+from specee.env import environment
+from specee.errors import SpeceeError
+from specee.evaluation import drift, registry
+from specee.io import project_path
+from specee.models.loader import load_model
+from specee.runtime import LayerwiseLM
+
+
+def _key(metric: str, filt: str) -> str:
+    """lm-eval's "metric,filter" -> one name (the filter is appended unless it is the default)."""
+    return metric if filt == "none" else f"{metric}_{filt}"
+
+
+def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict]:
+    """Per-task metrics and lm-eval's per-sample logs (with specee's per-request layers)."""
+    from lm_eval import simple_evaluate
+
+    e = cfg.experiment
+    lm.records.clear()
+    t0 = time.perf_counter()
+    out = simple_evaluate(model=lm, tasks=names, task_manager=tm, num_fewshot=e.num_fewshot,
+                          limit=e.limit, log_samples=True, random_seed=cfg.seed,
+                          numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                          fewshot_random_seed=cfg.seed)
+    seconds = time.perf_counter() - t0
+    stats = lm.task_stats()
+    per_doc = {}
+    for (task, doc, idx), r in sorted(lm.records.items()):
+        per_doc.setdefault((task, doc), []).append({"idx": idx, **r})
+    metrics, samples = {"_seconds": seconds}, {}
+    for name in names:
+        m = {_key(*k.split(",", 1)): v for k, v in out["results"][name].items()
+             if "," in k and isinstance(v, (int, float))}
+        metric, filt = registry.primary_metric(name).split(",")
+        n = out["n-samples"][name]
+        metrics[name] = {"accuracy": m[_key(metric, filt)], "accuracy_stderr": m.get(_key(f"{metric}_stderr", filt)),
+                         "primary_metric": _key(metric, filt), **m, "n": n["effective"],
+                         "n_available": n["original"], "num_fewshot": e.num_fewshot, **stats.get(name, {})}
+        samples[name] = [{**s, "specee": per_doc.get((name, s["doc_id"]), [])} for s in out["samples"][name]]
+    return metrics, samples
+
+
+def calibration_overlap(cfg, samples: dict) -> int | None:
+    """GSM8K items that were also predictor/SVM calibration prompts (Spec-Bench math = GSM8K test)."""
+    card = project_path(cfg.early_exit.predictors_path) / "predictors_card.json"
+    if cfg.ablation.mode == "dense" or "gsm8k" not in samples or not card.is_file():
+        return None
+    ids = set(json.loads(card.read_text()).get("calibration_prompt_ids", []))
+    spec = project_path(cfg.paths.data_root) / "spec_bench" / "question.jsonl"
+    calib = {q["turns"][0].strip() for q in map(json.loads, spec.read_text().splitlines())
+             if q["question_id"] in ids}
+    return sum(s["doc"]["question"].strip() in calib for s in samples["gsm8k"])
+
+
+def run(cfg) -> dict:
+    out = results.output_dir()
+    if not cfg.force and (done := results.finished(out)):
+        print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
+        return done["metrics"]
+    e = cfg.experiment
+    names = registry.check_names(e.tasks)
+    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # local JSONL only
+    from specee.evaluation.lm import SpeceeLM
+    from specee.evaluation.tasks.utils import FEWSHOT_POOL
+
+    tm = registry.task_manager(names, project_path(cfg.paths.data_root), out / "lm_eval_tasks")
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load_model(cfg.model)
+    rt = LayerwiseLM(model)
+    lm = SpeceeLM(build_decoder(cfg, rt), tokenizer, e.max_gen_tokens, e.max_length, e.on_overflow)
+    metrics, samples = evaluate(cfg, lm, names, tm)
+    seconds = [metrics.pop("_seconds")]
+    if (overlap := calibration_overlap(cfg, samples)) is not None:
+        metrics["gsm8k"]["calibration_overlap"] = overlap
+        if overlap:
+            print(f"warning: {overlap} evaluated gsm8k items were calibration prompts of the predictors")
+
+    settings = {"limit": e.limit, "num_fewshot": e.num_fewshot, "fewshot_pool": FEWSHOT_POOL,
+                "seed": cfg.seed, "max_gen_tokens": e.max_gen_tokens, "max_length": lm.max_length,
+                "on_overflow": e.on_overflow, "dtype": cfg.model.dtype}
+    extra = {"settings": settings, "device": str(rt.device)}
+    baseline = project_path(e.baseline)
+    if e.update_baseline:  # a second identical run measures run-to-run variation
+        again, again_samples = evaluate(cfg, lm, names, tm)
+        seconds.append(again.pop("_seconds"))
+        spread = {t: abs(again[t]["accuracy"] - metrics[t]["accuracy"]) for t in names}
+        extra["repeat"] = {t: {"spread": spread[t], "identical_responses":
+                               [s["resps"] for s in samples[t]] == [s["resps"] for s in again_samples[t]]}
+                           for t in names}
+        drift.update(baseline, cfg.model.name, cfg.ablation.name, settings, metrics, spread,
+                     {"packages": environment()["packages"], "device": str(rt.device)})
+        print(f"updated baseline {baseline} ({cfg.ablation.name}): spread {spread}")
+    ok = True
+    if e.check_baseline:
+        rows, ok = drift.check(baseline, cfg.ablation.name, settings, metrics)
+        extra["drift"] = {"baseline": str(baseline), "ok": ok, "rows": rows}
+        print(drift.table(rows))
+
+    for name, rows in samples.items():
+        with open(out / f"samples_{name}.jsonl", "w") as f:
+            f.writelines(json.dumps(s, default=str) + "\n" for s in rows)
+    m = {"accuracy": metrics, "num_layers": rt.num_layers, "mode": cfg.ablation.mode,
+         "eval_seconds": seconds}
+    path = results.save(out, cfg, m, extra)
+    for name, t in metrics.items():
+        print(f"{cfg.ablation.name} {name}: accuracy {t['accuracy']:.3f} +- {t['accuracy_stderr'] or 0:.3f} "
+              f"(n={t['n']}), mean layers {t.get('mean_layers', float('nan')):.2f}/{rt.num_layers}, "
+              f"truncated {t.get('truncated', 0)}")
+    print(f"wrote {path}")
+    if not ok:
+        raise SpeceeError(f"accuracy drifted beyond tolerance from {baseline}:\n{drift.table(rows)}")
+    return m

@@ -1,0 +1,120 @@
+"""Recipe: exit-layer statistics and predictor placements side by side (SpecEE §5).
+
+    python run.py experiment=stats model=tiny dataset.count=2
+
+On the same evaluation prompts, in one run, interleaved per prompt: dense, then SpecEE with each
+placement in ``experiment.placements``. From the all-layers run: the exit-layer distribution and
+its skew, and the context-similarity hit rate for N = 1..max_n beside two chance levels, per
+Spec-Bench category and overall. A final untimed pass of the scheduled decoder in shadow mode
+counts exits missed because their layer was not scheduled.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from experiments.speed import check_disjoint_from_calibration, early_exit_metrics, load_prompts
+from specee import results
+from specee.bench.exit_stats import context_similarity, distribution
+from specee.bench.speed import match_rate, speed_metrics
+from specee.decoding import build_decoder
+from specee.decoding.dense import DenseDecoder
+from specee.early_exit.schedule import default_window
+from specee.errors import SpeceeError
+from specee.io import PROJECT_ROOT
+from specee.models.loader import load_model
+from specee.runtime import LayerwiseLM
+
+
+def placement_node(cfg, name: str):
+    path = PROJECT_ROOT / "conf" / "placement" / f"{name}.yaml"
+    if not path.is_file():
+        raise SpeceeError(f"experiment.placements has unknown {name!r}; valid: "
+                          f"{sorted(p.stem for p in path.parent.glob('*.yaml'))}")
+    preset = OmegaConf.load(path)
+    preset.pop("defaults", None)
+    return OmegaConf.merge(cfg.placement, preset)
+
+
+def run(cfg) -> dict:
+    out = results.output_dir()
+    if not cfg.force and (done := results.finished(out)):
+        print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
+        return done["metrics"]
+    e = cfg.experiment
+    prompts = load_prompts(cfg)
+    model, tokenizer = load_model(cfg.model)
+    rt = LayerwiseLM(model)
+    L, eos, n_new = rt.num_layers, tokenizer.eos_token_id, cfg.dataset.max_new_tokens
+    specee_cfg = OmegaConf.merge(cfg, {"ablation": {"mode": "specee"}})
+    check_disjoint_from_calibration(specee_cfg, prompts)
+    decoders = {name: build_decoder(specee_cfg, rt, placement=placement_node(cfg, name))
+                for name in e.placements}
+    dense = DenseDecoder(rt)
+    encoded = [tokenizer(p["text"], return_tensors="pt").input_ids.to(rt.device) for p in prompts]
+    for ids in encoded[: e.warmup]:
+        dense.generate(ids, 8, eos)
+        for d in decoders.values():
+            d.generate(ids, 8, eos)
+
+    gens = defaultdict(list)
+    for ids in tqdm(encoded, desc="stats: dense + placements"):
+        gens["dense"].append(dense.generate(ids, n_new, eos))
+        for name, d in decoders.items():
+            gens[name].append(d.generate(ids, n_new, eos))
+
+    d_metrics = speed_metrics(gens["dense"], L)
+    rows = {}
+    for name in decoders:
+        m = speed_metrics(gens[name], L)
+        m["speedup_vs_dense"] = m["decode_tokens_per_s"] / d_metrics["decode_tokens_per_s"]
+        m["match_rate_vs_dense"] = match_rate([g.tokens for g in gens["dense"]], [g.tokens for g in gens[name]])
+        m.update(early_exit_metrics(gens[name], m))
+        rows[name] = m
+
+    metrics = {"placements": rows, "dense": d_metrics}
+    reference = "all_layers" if "all_layers" in gens else next(iter(decoders))
+    w = cfg.placement.window if cfg.placement.window is not None else default_window(L)
+    by_cat = defaultdict(list)
+    for p, g in zip(prompts, gens[reference]):
+        by_cat[p["category"]].append([t["exit_layer"] for t in g.trace])
+    by_cat["all"] = [s for c in list(by_cat) for s in by_cat[c]]
+    metrics["exit_distribution"] = {c: distribution([x for s in seqs for x in s], L) for c, seqs in by_cat.items()}
+    metrics["context_similarity"] = {"window": w, "from": reference, "per_category": {
+        c: context_similarity(seqs, w, L, e.max_n) for c, seqs in by_cat.items()}}
+
+    scheduled = [n for n in decoders if n != "all_layers"]
+    if scheduled and "all_layers" in rows:
+        base = rows["all_layers"]["predictor_calls_per_token"]
+        metrics["predictor_calls_reduction"] = {
+            n: 1 - rows[n]["predictor_calls_per_token"] / base for n in scheduled}
+        metrics["avg_layers_vs_all_layers"] = {n: rows[n]["avg_layers"] - rows["all_layers"]["avg_layers"]
+                                               for n in scheduled}
+    missed = {}
+    for name in scheduled:
+        shadow = build_decoder(specee_cfg, rt, placement=placement_node(cfg, name), shadow=True)
+        trace = [t for ids in tqdm(encoded, desc=f"shadow {name}")
+                 for t in shadow.generate(ids, n_new, eos).trace]
+        late = [t["exit_layer"] - t["shadow_exit_layer"] for t in trace if t["shadow_exit_layer"] < t["exit_layer"]]
+        missed[name] = {"tokens": len(trace), "missed_exit_share": len(late) / max(1, len(trace)),
+                        "extra_layers_per_token": sum(late) / max(1, len(trace))}
+    metrics["missed_exits"] = missed
+    path = results.save(out, cfg, metrics, {"prompts": [{"id": p["id"], "category": p["category"]} for p in prompts]})
+    _print_summary(metrics, rows)
+    print(f"wrote {path}")
+    return metrics
+
+
+def _print_summary(metrics: dict, rows: dict) -> None:
+    d = metrics["exit_distribution"]["all"]
+    print(f"exit layers: {d['tokens']} tokens, bottom-half share {d['share_of_exits_in_bottom_half']:.2f}, "
+          f"layers below uniform {d['share_of_layers_below_uniform']:.2f}, no exit {d['share_without_exit']:.2f}")
+    for r in metrics["context_similarity"]["per_category"]["all"]:
+        print(f"  N={r['n']:2d}: hit {r['hit_rate']:.3f}  shuffled {r['shuffled_chance']:.3f}  "
+              f"coverage {r['analytic_coverage']:.3f}")
+    for name, m in rows.items():
+        print(f"{name:>14}: speedup {m['speedup_vs_dense']:.3f}  avg_layers {m['avg_layers']:.2f}  "
+              f"pred/token {m['predictor_calls_per_token']:.2f}  overhead {m['overhead_share']:.3f}  "
+              f"match {m['match_rate_vs_dense']:.3f}")
