@@ -75,10 +75,14 @@ def calibration_overlap(cfg, samples: dict) -> int | None:
 
 def run(cfg) -> dict:
     out = results.output_dir()
+    e = cfg.experiment
     if not cfg.force and (done := results.finished(out)):
         print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
+        if e.check_baseline:  # a skipped run must not hide drift
+            baseline = project_path(e.baseline)
+            _verdict(baseline, *drift.check(baseline, cfg.ablation.name, done["settings"],
+                                            done["metrics"]["accuracy"]))
         return done["metrics"]
-    e = cfg.experiment
     names = registry.check_names(e.tasks)
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # local JSONL only
     from specee.evaluation.lm import SpeceeLM
@@ -111,15 +115,13 @@ def run(cfg) -> dict:
         drift.update(baseline, cfg.model.name, cfg.ablation.name, settings, metrics, spread,
                      {"packages": environment()["packages"], "device": str(rt.device)})
         print(f"updated baseline {baseline} ({cfg.ablation.name}): spread {spread}")
-    ok = True
     if e.check_baseline:
         rows, ok = drift.check(baseline, cfg.ablation.name, settings, metrics)
         extra["drift"] = {"baseline": str(baseline), "ok": ok, "rows": rows}
-        print(drift.table(rows))
 
-    for name, rows in samples.items():
+    for name, logged in samples.items():
         with open(out / f"samples_{name}.jsonl", "w") as f:
-            f.writelines(json.dumps(s, default=str) + "\n" for s in rows)
+            f.writelines(json.dumps(s, default=str) + "\n" for s in logged)
     m = {"accuracy": metrics, "num_layers": rt.num_layers, "mode": cfg.ablation.mode,
          "eval_seconds": seconds}
     path = results.save(out, cfg, m, extra)
@@ -128,6 +130,12 @@ def run(cfg) -> dict:
               f"(n={t['n']}), mean layers {t.get('mean_layers', float('nan')):.2f}/{rt.num_layers}, "
               f"truncated {t.get('truncated', 0)}")
     print(f"wrote {path}")
+    if e.check_baseline:
+        _verdict(baseline, rows, ok)
+    return m
+
+
+def _verdict(baseline: Path, rows: list[dict], ok: bool) -> None:
+    print(drift.table(rows))
     if not ok:
         raise SpeceeError(f"accuracy drifted beyond tolerance from {baseline}:\n{drift.table(rows)}")
-    return m

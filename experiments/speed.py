@@ -8,6 +8,7 @@ import torch
 from tqdm import tqdm
 
 from specee import results
+from specee.bench.power import EnergyMeter
 from specee.bench.speed import hf_generate, match_rate, speed_metrics
 from specee.data import spec_bench_prompts
 from specee.decoding import build_decoder
@@ -86,17 +87,21 @@ def run(cfg) -> dict:
         dense.generate(ids, min(8, n_new), eos)
         decoder.generate(ids, min(8, n_new), eos)
 
+    meters = {"mode": EnergyMeter.for_device(rt.device), "dense": EnergyMeter.for_device(rt.device)}
     dense_gens, mode_gens, hf_s, hf_match = [], [], 0.0, []
     per_prompt = []
     for _ in range(cfg.experiment.repeats):
         for p, ids in zip(tqdm(prompts, desc=f"speed {cfg.ablation.name}"), encoded):
-            ref = dense.generate(ids, n_new, eos)
-            gen = decoder.generate(ids, n_new, eos)
+            with meters["dense"].region():
+                ref = dense.generate(ids, n_new, eos)
+            with meters["mode"].region():
+                gen = decoder.generate(ids, n_new, eos)
             dense_gens.append(ref)
             mode_gens.append(gen)
             row = {"id": p["id"], "category": p["category"], "prompt_tokens": ids.shape[1],
                    "dense_tokens": len(ref.tokens), "tokens": len(gen.tokens),
                    "match_rate_vs_dense": match_rate([ref.tokens], [gen.tokens]),
+                   "decode_s": gen.decode_s, "dense_decode_s": ref.decode_s,
                    "exit_layers": gen.exit_layers, "trace": gen.trace}
             if cfg.experiment.compare_hf_generate:
                 hf_tokens, secs = hf_generate(model, ids, n_new, eos)
@@ -110,6 +115,8 @@ def run(cfg) -> dict:
     m["speedup_vs_dense"] = m["decode_tokens_per_s"] / d["decode_tokens_per_s"]
     m["match_rate_vs_dense"] = match_rate([g.tokens for g in dense_gens], [g.tokens for g in mode_gens])
     m["dense"] = d
+    m["energy"] = meters["mode"].summary(m["generated_tokens"])
+    d["energy"] = meters["dense"].summary(d["generated_tokens"])
     m.update(early_exit_metrics(mode_gens, m))
     if cfg.experiment.compare_hf_generate:
         dense_total = sum(g.prefill_s + g.decode_s for g in dense_gens)

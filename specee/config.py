@@ -164,6 +164,17 @@ class StatsExperiment:
 
 
 @dataclass
+class CollectExperiment:
+    _target_: str = "experiments.collect.run"
+
+
+@dataclass
+class ReportExperiment:
+    _target_: str = "experiments.report.run"
+    out_dir: Optional[str] = None  # default: reports/<name of the sweep folder>
+
+
+@dataclass
 class AccuracyExperiment:
     # Owned by the lm-eval integration (experiments/accuracy.py); fields may grow there.
     _target_: str = "experiments.accuracy.run"
@@ -198,6 +209,8 @@ class Config:
     seed: int = 0
     threads: Optional[int] = None  # torch intra-op threads; None = torch default
     force: bool = False  # rerun even when results.json already exists
+    sweep_name: str = "default"  # multirun output: runs/multirun/<sweep_name>/<overrides>
+    sweep: Optional[str] = None  # input folder for experiment=collect / report
 
 
 SCHEMAS = {
@@ -211,6 +224,8 @@ SCHEMAS = {
     ("experiment", "accuracy_schema"): AccuracyExperiment,
     ("experiment", "profile_exits_schema"): ProfileExitsExperiment,
     ("experiment", "stats_schema"): StatsExperiment,
+    ("experiment", "collect_schema"): CollectExperiment,
+    ("experiment", "report_schema"): ReportExperiment,
     ("draft", "draft_schema"): DraftConfig,
     ("placement", "placement_schema"): PlacementConfig,
 }

@@ -87,6 +87,7 @@ def test_generate_until_honours_stop_strings_and_max_gen_toks(loaded):
     lm = SpeceeLM(DenseDecoder(LayerwiseLM(model)), tok)
     free, = lm.generate_until([req("generate_until", ("Once upon a time", {"max_gen_toks": 12}))], True)
     assert lm.records[("t", 0, 0)]["tokens"] <= 12 and free
+    assert free.strip()
     stop = free.strip()[len(free.strip()) // 2:][:3]  # a string the greedy output contains
     cut, = lm.generate_until([req("generate_until", ("Once upon a time", {"until": [stop], "max_gen_toks": 12}))],
                              True)
@@ -172,6 +173,8 @@ def test_drift_check_passes_identical_and_fails_doctored_baseline(micro, tmp_pat
     base.write_text(json.dumps(doctored))
     res = run_cli(*common, "experiment.check_baseline=true", f"hydra.run.dir={tmp_path / 'c'}")
     assert res.returncode == 2 and "DRIFT" in res.stderr and "| copa | dense |" in res.stderr
+    again = run_cli(*common, "experiment.check_baseline=true", f"hydra.run.dir={tmp_path / 'c'}")
+    assert "skipping" in again.stdout and again.returncode == 2  # a finished run still reports drift
     with pytest.raises(SpeceeError, match="other settings"):
         drift.check(base, "dense", {**doc["settings"], "limit": 7}, doc["metrics"]["accuracy"])
 

@@ -1,0 +1,288 @@
+"""Paper-style figures and a markdown summary, regenerated from stored results only.
+
+Each figure function takes the loaded results and returns ``(figure, markdown)`` or raises
+:class:`Skip` with the reason its inputs are missing; the report keeps going without it.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import date
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
+
+ABLATION_ORDER = ["dense", "adainfer", "eagle", "specee_t1", "specee_t1_t2", "specee_full"]
+STAIRCASE = [("dense", "dense"), ("specee_t1", "T1"), ("specee_t1_t2", "T1+T2"), ("specee_full", "T1+T2+T3")]
+
+
+class Skip(Exception):
+    """A figure whose inputs are not in the results."""
+
+
+def _kind(doc) -> str:
+    return doc["config"]["experiment"]["_target_"].split(".")[1]
+
+
+def _hardware(doc) -> str:
+    gpus = doc["env"].get("gpus") or []
+    return gpus[0]["name"] if gpus else f"CPU ({doc['env'].get('cpu')}, {doc['env'].get('torch_threads')} threads)"
+
+
+def _stamp(docs) -> str:
+    models = sorted({d["config"]["model"]["name"] for d in docs})
+    hw = sorted({_hardware(d) for d in docs})
+    days = sorted({(d.get("created") or "")[:10] for d in docs})
+    return f"model: {', '.join(models)} · {'; '.join(hw)} · {', '.join(days)}"
+
+
+def _by_kind(docs, kind):
+    return [d for d in docs if _kind(d) == kind]
+
+
+def _name(doc) -> str:
+    name = doc["config"]["ablation"]["name"]
+    ee = doc["config"].get("early_exit", {})
+    if doc["config"]["ablation"]["mode"] != "dense" and ee.get("kv_policy", "holes") != "holes":
+        name += f" ({ee['kv_policy']})"
+    return name
+
+
+def _order(names):
+    return sorted(names, key=lambda n: (ABLATION_ORDER.index(n.split(" ")[0])
+                                        if n.split(" ")[0] in ABLATION_ORDER else 99, n))
+
+
+def fig_speedup_per_category(docs):
+    speed = _by_kind(docs, "speed")
+    if not speed:
+        raise Skip("no speed results")
+    rows = []
+    for d in speed:
+        per_cat = defaultdict(lambda: [0, 0.0, 0, 0.0])
+        for p in d.get("prompts", []):
+            if "decode_s" not in p:
+                continue
+            c = per_cat[p["category"]]
+            c[0] += p["tokens"] - 1; c[1] += p["decode_s"]; c[2] += p["dense_tokens"] - 1; c[3] += p["dense_decode_s"]
+        for cat, (t, s, dt, ds) in per_cat.items():
+            if s > 0 and ds > 0 and dt > 0:
+                rows.append((cat, _name(d), (t / s) / (dt / ds)))
+    if not rows:
+        raise Skip("speed results carry no per-prompt timings")
+    cats = sorted({r[0] for r in rows})
+    names = _order({r[1] for r in rows})
+    fig, ax = plt.subplots(figsize=(11, 5))
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        vals = [np.mean([r[2] for r in rows if r[0] == c and r[1] == n] or [np.nan]) for c in cats]
+        ax.bar(np.arange(len(cats)) + i * width, vals, width, label=n)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(np.arange(len(cats)) + width * (len(names) - 1) / 2, cats, rotation=30, ha="right")
+    ax.set_ylabel("decode speedup vs dense (×)")
+    ax.set_xlabel("Spec-Bench category")
+    ax.set_title(f"Speedup per dataset and method (cf. paper Fig. 14/15)\n{_stamp(speed)}", fontsize=10)
+    ax.legend(fontsize=8)
+    md = "| category | " + " | ".join(names) + " |\n|---|" + "---|" * len(names) + "\n"
+    for c in cats:
+        md += f"| {c} | " + " | ".join(
+            f"{np.mean([r[2] for r in rows if r[0] == c and r[1] == n] or [np.nan]):.3f}" for n in names) + " |\n"
+    return fig, md
+
+
+def _overall(speed):
+    out = {}
+    for d in speed:
+        out.setdefault(_name(d), []).append(d["metrics"])
+    return out
+
+
+def fig_staircase(docs):
+    speed = _by_kind(docs, "speed")
+    overall = _overall(speed)
+    steps = [(label, overall[n]) for n, label in STAIRCASE if n in overall]
+    if len(steps) < 2:
+        raise Skip(f"needs speed results for at least two of {[n for n, _ in STAIRCASE]}")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    vals = [np.mean([m["speedup_vs_dense"] for m in ms]) for _, ms in steps]
+    ax.bar([s[0] for s in steps], vals, color=sns.color_palette("crest", len(steps)))
+    for i, v in enumerate(vals):
+        ax.text(i, v, f"{v:.2f}×", ha="center", va="bottom")
+    ax.set_ylabel("decode speedup vs dense (×)")
+    ax.set_xlabel("technique (cumulative)")
+    ax.set_title(f"Ablation staircase (cf. paper Fig. 2d)\n{_stamp(speed)}", fontsize=10)
+    md = "| step | speedup | avg layers | match rate |\n|---|---|---|---|\n" + "".join(
+        f"| {lab} | {np.mean([m['speedup_vs_dense'] for m in ms]):.3f} | "
+        f"{np.mean([m['avg_layers'] for m in ms]):.2f} | {np.mean([m['match_rate_vs_dense'] for m in ms]):.3f} |\n"
+        for lab, ms in steps)
+    return fig, md
+
+
+def fig_exit_distribution(docs):
+    stats = _by_kind(docs, "stats")
+    if not stats:
+        raise Skip("no stats results (experiment=stats)")
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    md = "| model | tokens | bottom-half share | layers below uniform | no exit |\n|---|---|---|---|---|\n"
+    for d in stats:
+        dist = d["metrics"]["exit_distribution"]["all"]
+        share = dist["share_per_layer"]
+        ax.bar(np.arange(len(share)) + 1, np.asarray(share) * 100, alpha=0.7, label=d["config"]["model"]["name"])
+        ax.axhline(100 / len(share), color="k", ls="--", lw=0.8)
+        md += (f"| {d['config']['model']['name']} | {dist['tokens']} | {dist['share_of_exits_in_bottom_half']:.3f} | "
+               f"{dist['share_of_layers_below_uniform']:.3f} | {dist['share_without_exit']:.3f} |\n")
+    ax.set_xlabel("exit layer (1 = first decoder layer; last = no early exit)")
+    ax.set_ylabel("share of tokens (%)")
+    ax.set_title(f"Exit-layer distribution, predictors at all layers (cf. paper Fig. 10); dashed: uniform\n"
+                 f"{_stamp(stats)}", fontsize=10)
+    ax.legend()
+    return fig, md
+
+
+def fig_context_similarity(docs):
+    stats = _by_kind(docs, "stats")
+    if not stats:
+        raise Skip("no stats results (experiment=stats)")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    md = "| model | N | hit rate | shuffled chance | analytic coverage |\n|---|---|---|---|---|\n"
+    for d in stats:
+        rows = d["metrics"]["context_similarity"]["per_category"]["all"]
+        n = [r["n"] for r in rows]
+        name = d["config"]["model"]["name"]
+        ax.plot(n, [100 * r["hit_rate"] for r in rows], "o-", label=f"{name}: hit rate")
+        ax.plot(n, [100 * r["shuffled_chance"] for r in rows], "s--", label=f"{name}: shuffled chance")
+        ax.plot(n, [100 * r["analytic_coverage"] for r in rows], ":", label=f"{name}: window coverage")
+        md += "".join(f"| {name} | {r['n']} | {r['hit_rate']:.3f} | {r['shuffled_chance']:.3f} | "
+                      f"{r['analytic_coverage']:.3f} |\n" for r in rows)
+    w = stats[0]["metrics"]["context_similarity"]["window"]
+    ax.set_xlabel("N (previous tokens' exit layers considered)")
+    ax.set_ylabel(f"P(exit layer within ±{w} of one of them) (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"Context similarity of exit layers (cf. paper Fig. 11)\n{_stamp(stats)}", fontsize=10)
+    ax.legend(fontsize=8)
+    return fig, md
+
+
+def fig_overhead(docs):
+    speed = [d for d in _by_kind(docs, "speed") if "time_split_s" in d["metrics"]]
+    if not speed:
+        raise Skip("no early-exit speed results with a time split")
+    names = _order({_name(d) for d in speed})
+    parts = ["layers", "predictors", "verification", "draft"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    bottom = np.zeros(len(names))
+    for part in parts:
+        vals = []
+        for n in names:
+            ds = [d["metrics"] for d in speed if _name(d) == n]
+            vals.append(np.mean([100 * m["time_split_s"][part] / m["time_split_s"]["decode_total"] for m in ds]))
+        ax1.bar(names, vals, bottom=bottom, label=part)
+        bottom += vals
+    ax1.set_ylabel("share of decode time (%)")
+    ax1.set_title("Where decode time goes", fontsize=10)
+    ax1.legend(fontsize=8)
+    ax1.tick_params(axis="x", rotation=20)
+    calls = [np.mean([d["metrics"]["predictor_calls_per_token"] for d in speed if _name(d) == n]) for n in names]
+    ax2.bar(names, calls, color="tab:purple")
+    ax2.set_ylabel("predictor evaluations per token")
+    ax2.set_title("Predictor count", fontsize=10)
+    ax2.tick_params(axis="x", rotation=20)
+    fig.suptitle(f"Predictor count and overhead breakdown\n{_stamp(speed)}", fontsize=10)
+    md = "| method | predictor calls/token | overhead share | draft share | efficiency |\n|---|---|---|---|---|\n"
+    for n in names:
+        ms = [d["metrics"] for d in speed if _name(d) == n]
+        md += (f"| {n} | {np.mean([m['predictor_calls_per_token'] for m in ms]):.2f} | "
+               f"{np.mean([m['overhead_share'] for m in ms]):.3f} | {np.mean([m['draft_share'] for m in ms]):.3f} | "
+               f"{np.mean([m['efficiency'] for m in ms]):.3f} |\n")
+    return fig, md
+
+
+def fig_accuracy(docs):
+    acc = [d for d in docs if "accuracy" in d.get("metrics", {})]
+    if not acc:
+        raise Skip("no accuracy results (experiment=accuracy)")
+    table = defaultdict(dict)
+    layers = defaultdict(dict)
+    for d in acc:
+        for task, m in d["metrics"]["accuracy"].items():
+            table[task][_name(d)] = m.get("acc", m.get("exact_match"))
+            layers[task][_name(d)] = m.get("mean_layers")
+    names = _order({n for t in table.values() for n in t})
+    tasks = sorted(table)
+    cells = []
+    for t in tasks:
+        dense = table[t].get("dense")
+        row = []
+        for n in names:
+            v = table[t].get(n)
+            if v is None:
+                row.append("–")
+                continue
+            delta = f" ({100 * (v - dense):+.1f})" if dense is not None and n != "dense" else ""
+            lay = layers[t].get(n)
+            row.append(f"{100 * v:.1f}{delta}" + (f"\n{lay:.1f} layers" if lay else ""))
+        cells.append(row)
+    fig, ax = plt.subplots(figsize=(min(16, 3 + 2.2 * len(names)), 1.5 + 0.6 * len(tasks)))
+    ax.axis("off")
+    tab = ax.table(cellText=cells, rowLabels=tasks, colLabels=names, loc="center", cellLoc="center")
+    tab.scale(1, 2.2)
+    tab.set_fontsize(8)
+    ax.set_title(f"Accuracy (%), Δ vs dense in points, mean layers used while scoring (cf. paper Table 4)\n"
+                 f"{_stamp(acc)}", fontsize=10)
+    md = "| task | " + " | ".join(names) + " |\n|---|" + "---|" * len(names) + "\n" + "".join(
+        f"| {t} | " + " | ".join(c.replace("\n", ", ") for c in row) + " |\n" for t, row in zip(tasks, cells))
+    return fig, md
+
+
+FIGURES = [
+    ("Speedup per dataset and method", fig_speedup_per_category),
+    ("Ablation staircase", fig_staircase),
+    ("Exit-layer distribution", fig_exit_distribution),
+    ("Context similarity", fig_context_similarity),
+    ("Predictor count and overhead", fig_overhead),
+    ("Accuracy", fig_accuracy),
+]
+
+
+def build_report(docs: list[dict], out_dir: Path, source: str) -> dict:
+    """Write report.pdf and summary.md into ``out_dir``; return pages made and skipped."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sns.set_theme(style="whitegrid", context="paper")
+    made, skipped, md_parts = [], [], []
+    pdf_tmp, md_tmp = out_dir / ".report.pdf.tmp", out_dir / ".summary.md.tmp"
+    with PdfPages(pdf_tmp) as pdf:
+        figures = []
+        for title, fn in FIGURES:
+            try:
+                fig, md = fn(docs)
+            except Skip as why:
+                skipped.append((title, str(why)))
+                continue
+            figures.append((title, fig))
+            md_parts.append(f"## {title}\n\n{md}")
+        cover = plt.figure(figsize=(8.5, 11))
+        lines = [f"specee report — {source}", f"generated {date.today().isoformat()} from {len(docs)} result files",
+                 "", "Pages:"] + [f"  {i + 2}. {t}" for i, (t, _) in enumerate(figures)] + \
+                ["", "Skipped:"] + [f"  {t}: {why}" for t, why in skipped or [("none", "")]]
+        cover.text(0.08, 0.92, "\n".join(lines), va="top", family="monospace", fontsize=9)
+        pdf.savefig(cover)
+        plt.close(cover)
+        for title, fig in figures:
+            fig.tight_layout()
+            pdf.savefig(fig)
+            plt.close(fig)
+            made.append(title)
+    md = [f"# specee report\n\nSource: `{source}` · {len(docs)} result files · generated {date.today().isoformat()}\n"]
+    md += md_parts
+    if skipped:
+        md.append("## Skipped figures\n\n" + "".join(f"- {t}: {why}\n" for t, why in skipped))
+    md_tmp.write_text("\n".join(md))
+    pdf_tmp.replace(out_dir / "report.pdf")
+    md_tmp.replace(out_dir / "summary.md")
+    return {"pages": ["cover", *made], "skipped": skipped, "pdf": str(out_dir / "report.pdf"),
+            "markdown": str(out_dir / "summary.md")}
