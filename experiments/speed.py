@@ -10,7 +10,7 @@ from tqdm import tqdm
 from specee import results
 from specee.bench.power import EnergyMeter
 from specee.bench.speed import hf_generate, match_rate, speed_metrics
-from specee.data import spec_bench_prompts
+from specee.data import load_prompt_set
 from specee.decoding import build_decoder
 from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError
@@ -21,12 +21,9 @@ from specee.runtime import LayerwiseLM
 
 
 def load_prompts(cfg) -> list[dict]:
-    d = cfg.dataset
-    if d.source != "spec_bench":
-        raise SpeceeError(f"dataset.source={d.source!r} is unknown; valid: spec_bench")
-    prompts = spec_bench_prompts(project_path(cfg.paths.data_root), d.categories, d.count, d.offset)
-    # First turn only; multi-turn conversations are run by the harness's conversation mode.
-    return [{"id": p.id, "category": p.category,
+    """Prompts with their user turns (up to dataset.turns); ``text`` is the formatted first turn."""
+    prompts = load_prompt_set(project_path(cfg.paths.data_root), cfg.dataset)
+    return [{"id": p.id, "category": p.category, "turns": p.turns[: max(1, cfg.dataset.turns)],
              "text": format_conversation(cfg.model.chat_template, [(p.turns[0], None)])} for p in prompts]
 
 
@@ -81,34 +78,41 @@ def run(cfg) -> dict:
     n_new = cfg.dataset.max_new_tokens
     prompts = load_prompts(cfg)
     check_disjoint_from_calibration(cfg, prompts)
-    encoded = [tokenizer(p["text"], return_tensors="pt").input_ids.to(rt.device) for p in prompts]
+    template = cfg.model.chat_template
+    encode = lambda text: tokenizer(text, return_tensors="pt").input_ids.to(rt.device)  # noqa: E731
 
-    for ids in encoded[: cfg.experiment.warmup]:  # warm caches, allocator and kernels
-        dense.generate(ids, min(8, n_new), eos)
-        decoder.generate(ids, min(8, n_new), eos)
+    for p in prompts[: cfg.experiment.warmup]:  # warm caches, allocator and kernels
+        dense.generate(encode(p["text"]), min(8, n_new), eos)
+        decoder.generate(encode(p["text"]), min(8, n_new), eos)
 
     meters = {"mode": EnergyMeter.for_device(rt.device), "dense": EnergyMeter.for_device(rt.device)}
     dense_gens, mode_gens, hf_s, hf_match = [], [], 0.0, []
     per_prompt = []
     for _ in range(cfg.experiment.repeats):
-        for p, ids in zip(tqdm(prompts, desc=f"speed {cfg.ablation.name}"), encoded):
-            with meters["dense"].region():
-                ref = dense.generate(ids, n_new, eos)
-            with meters["mode"].region():
-                gen = decoder.generate(ids, n_new, eos)
-            dense_gens.append(ref)
-            mode_gens.append(gen)
-            row = {"id": p["id"], "category": p["category"], "prompt_tokens": ids.shape[1],
-                   "dense_tokens": len(ref.tokens), "tokens": len(gen.tokens),
-                   "match_rate_vs_dense": match_rate([ref.tokens], [gen.tokens]),
-                   "decode_s": gen.decode_s, "dense_decode_s": ref.decode_s,
-                   "exit_layers": gen.exit_layers, "trace": gen.trace}
-            if cfg.experiment.compare_hf_generate:
-                hf_tokens, secs = hf_generate(model, ids, n_new, eos)
-                hf_s += secs
-                hf_match.append(hf_tokens == ref.tokens)
-                row["hf_generate_identical"] = hf_tokens == ref.tokens
-            per_prompt.append(row)
+        for p in tqdm(prompts, desc=f"speed {cfg.ablation.name}"):
+            # Multi-turn prompts run as a conversation: turn k sees the dense model's earlier
+            # answers, so every mode is timed on the same token sequences.
+            history = []
+            for turn, user in enumerate(p["turns"]):
+                ids = encode(format_conversation(template, history + [(user, None)]))
+                with meters["dense"].region():
+                    ref = dense.generate(ids, n_new, eos)
+                with meters["mode"].region():
+                    gen = decoder.generate(ids, n_new, eos)
+                dense_gens.append(ref)
+                mode_gens.append(gen)
+                row = {"id": p["id"], "category": p["category"], "turn": turn, "prompt_tokens": ids.shape[1],
+                       "dense_tokens": len(ref.tokens), "tokens": len(gen.tokens),
+                       "match_rate_vs_dense": match_rate([ref.tokens], [gen.tokens]),
+                       "decode_s": gen.decode_s, "dense_decode_s": ref.decode_s,
+                       "exit_layers": gen.exit_layers, "trace": gen.trace}
+                if cfg.experiment.compare_hf_generate:
+                    hf_tokens, secs = hf_generate(model, ids, n_new, eos)
+                    hf_s += secs
+                    hf_match.append(hf_tokens == ref.tokens)
+                    row["hf_generate_identical"] = hf_tokens == ref.tokens
+                per_prompt.append(row)
+                history.append((user, tokenizer.decode(ref.tokens, skip_special_tokens=True)))
 
     m = speed_metrics(mode_gens, rt.num_layers)
     d = speed_metrics(dense_gens, rt.num_layers)
@@ -123,6 +127,7 @@ def run(cfg) -> dict:
         m["hf_generate_ratio"] = dense_total / hf_s
         m["hf_generate_identical_share"] = sum(hf_match) / len(hf_match)
     m["prompts"] = len(prompts)
+    m["turns"] = len(per_prompt) // max(1, cfg.experiment.repeats)
     m["repeats"] = cfg.experiment.repeats
     path = results.save(out, cfg, m, {"prompts": per_prompt, "chat_template": cfg.model.chat_template,
                                       "device": str(rt.device)})

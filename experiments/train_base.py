@@ -96,18 +96,24 @@ def run(cfg) -> dict:
     t0 = time.perf_counter()
     model.train()
     steps_done = 0
+    skipped: list[int] = []
     bar = tqdm(range(e.steps), desc="train tiny", dynamic_ncols=True)
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = _lr(step, e)
         b = batch()
         loss = _loss(model, b)
-        if not torch.isfinite(loss):
-            raise SpeceeError(f"training diverged at step {step + 1} (loss {loss.item()}); "
-                              "lower experiment.lr or raise experiment.warmup_steps")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), e.grad_clip)
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), e.grad_clip)
+        if not (torch.isfinite(loss) and torch.isfinite(gnorm)):
+            # A rare non-finite batch: skip its update (counted in the card) rather than poison Adam.
+            skipped.append(step + 1)
+            tqdm.write(f"step {step + 1}: non-finite loss/gradient, update skipped")
+            if len(skipped) > e.max_skipped_steps:
+                raise SpeceeError(f"training diverged ({len(skipped)} non-finite steps, last at "
+                                  f"{step + 1}); lower experiment.lr or raise experiment.warmup_steps")
+            continue
         opt.step()
         steps_done = step + 1
         curve.append({"step": steps_done, "loss": round(loss.item(), 4),
@@ -137,7 +143,7 @@ def run(cfg) -> dict:
         "data": {**stories.files, **books.files},
         "validation": {"file": data.TINYSTORIES_VALID, "sha256": valid.files[data.TINYSTORIES_VALID],
                        "stories": len(final_stories), "val_ppl": round(final_ppl, 3)},
-        "steps": steps_done, "steps_planned": e.steps,
+        "steps": steps_done, "steps_planned": e.steps, "skipped_nonfinite_steps": skipped,
         "tokens_seen": steps_done * e.batch_size * e.seq_len,
         "train_tokens_available": {k: int(v.numel()) for k, v in streams.items()},
         "train_seconds": round(train_s, 1), "threads": torch.get_num_threads(),

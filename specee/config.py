@@ -67,11 +67,12 @@ class AblationConfig:
 @dataclass
 class DatasetConfig:
     name: str = MISSING
-    source: str = "spec_bench"
+    source: str = "spec_bench"  # spec_bench | mt_bench | gsm8k | humaneval | alpaca
     categories: Optional[list[str]] = None
-    count: int = 2  # prompts per category
+    count: int = 2  # spec_bench: prompts per category; others: prompts in all
     offset: int = 0
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # per turn
+    turns: int = 1  # conversation turns run per prompt (MT-Bench has 2)
 
 
 @dataclass
@@ -94,8 +95,8 @@ class TrainBaseExperiment:
     num_kv_heads: int = 2
     seq_len: int = 256
     batch_size: int = 8
-    steps: int = 1600
-    lr: float = 1e-3
+    steps: int = 1400
+    lr: float = 8e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 200
     weight_decay: float = 0.1
@@ -104,6 +105,7 @@ class TrainBaseExperiment:
     eval_every: int = 250
     eval_stories: int = 100  # validation stories during training
     final_eval_stories: int = 500
+    max_skipped_steps: int = 10  # non-finite batches tolerated (skipped) before giving up
     max_minutes: Optional[float] = None  # stop early (and say so in the card) after this long
     save_dtype: str = "bfloat16"
 
@@ -175,6 +177,22 @@ class ReportExperiment:
 
 
 @dataclass
+class ReproduceExperiment:
+    _target_: str = "experiments.reproduce.run"
+    name: str = "default"  # runs/reproduce/<name>, reports/<name>
+    ablations: list[str] = field(default_factory=lambda: ["dense", "adainfer", "specee_t1", "specee_t1_t2"])
+    kv_policy_variants: list[str] = field(default_factory=lambda: ["specee_t1"])  # also run with propagate
+    dataset: str = "spec_bench"
+    count: int = 1  # prompts per Spec-Bench category
+    max_new_tokens: int = 48
+    stats: bool = True
+    accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
+    accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa"])
+    accuracy_limit: int = 40
+    report_dir: Optional[str] = None
+
+
+@dataclass
 class AccuracyExperiment:
     # Owned by the lm-eval integration (experiments/accuracy.py); fields may grow there.
     _target_: str = "experiments.accuracy.run"
@@ -225,6 +243,7 @@ SCHEMAS = {
     ("experiment", "profile_exits_schema"): ProfileExitsExperiment,
     ("experiment", "stats_schema"): StatsExperiment,
     ("experiment", "collect_schema"): CollectExperiment,
+    ("experiment", "reproduce_schema"): ReproduceExperiment,
     ("experiment", "report_schema"): ReportExperiment,
     ("draft", "draft_schema"): DraftConfig,
     ("placement", "placement_schema"): PlacementConfig,

@@ -178,3 +178,37 @@ def calibration_prompts(root, e) -> tuple[list[Prompt], dict]:
     stories, files = story_openings(root, e.story_prompts)
     files[SPEC_BENCH] = sha256(data_file(root, SPEC_BENCH))
     return spec + stories, files
+
+
+SOURCES = ("spec_bench", "mt_bench", "gsm8k", "humaneval", "alpaca")
+
+
+def _jsonl(root, rel) -> list[dict]:
+    path = data_file(root, rel)
+    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    if not rows:
+        raise SpeceeError(f"{path} is empty; check paths.data_root")
+    return rows
+
+
+def load_prompt_set(root, d) -> list[Prompt]:
+    """The prompts of a ``dataset`` config node (source, categories, count, offset)."""
+    if d.source == "spec_bench":
+        return spec_bench_prompts(root, d.categories, d.count, d.offset)
+    if d.source == "mt_bench":
+        prompts = [Prompt(f"mt{r['question_id']}", r["category"], list(r["turns"])) for r in _jsonl(root, MT_BENCH)]
+        if d.categories:
+            prompts = [p for p in prompts if p.category in d.categories]
+    elif d.source == "gsm8k":
+        prompts = [Prompt(f"gsm8k{i}", "gsm8k", [r["question"]]) for i, r in enumerate(_jsonl(root, "gsm8k/test.jsonl"))]
+    elif d.source == "humaneval":
+        prompts = [Prompt(r["task_id"], "humaneval", [r["prompt"]]) for r in _jsonl(root, "humaneval/HumanEval.jsonl")]
+    elif d.source == "alpaca":
+        pairs, _ = instruction_pairs(root, ["alpaca_gpt4_demo"])
+        prompts = [Prompt(f"alpaca{i}", "alpaca", [p]) for i, (p, _) in enumerate(pairs)]
+    else:
+        raise SpeceeError(f"dataset.source={d.source!r} is unknown; valid: {', '.join(SOURCES)}")
+    prompts = prompts[d.offset:d.offset + d.count] if d.count else prompts[d.offset:]
+    if not prompts:
+        raise SpeceeError("the prompt selection is empty; check dataset.categories / count / offset")
+    return prompts

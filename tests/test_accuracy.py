@@ -97,14 +97,13 @@ def test_generate_until_honours_stop_strings_and_max_gen_toks(loaded):
 
 
 def test_tasks_load_offline_with_a_disjoint_fewshot_pool(tmp_path):
-    from lm_eval.tasks import get_task_dict
     from specee.evaluation.tasks.utils import FEWSHOT_POOL
     names = registry.available()
     assert names == sorted(["boolq", "piqa", "hellaswag", "arc_easy", "arc_challenge", "winogrande",
                             "copa", "sst2", "gsm8k"])
     tm = registry.task_manager(names, DATA, tmp_path)
     assert sorted(tm.all_tasks) == names  # include_defaults=False: nothing but ours
-    for name, task in get_task_dict(names, tm).items():
+    for name, task in tm.load(names)["tasks"].items():
         evaluated, pool = list(task.eval_docs), list(task.fewshot_docs())
         rows = (DATA / task.config.dataset_kwargs["data_files"]["test"]).read_text().splitlines()
         assert len(pool) == FEWSHOT_POOL and len(evaluated) == len(rows) - FEWSHOT_POOL

@@ -1,0 +1,65 @@
+"""The main job (`python run.py`): the default reproduction on the configured model.
+
+Runs, each in its own process and into its own folder under ``runs/reproduce/<name>/``:
+speed jobs for every ablation in ``experiment.ablations`` (plus the KV-policy variants), the
+exit statistics, the accuracy subset, then the report. A second run reuses finished jobs (each
+job skips when its results.json exists; ``force=true`` reruns all).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tqdm import tqdm
+
+from specee.errors import SpeceeError
+from specee.io import PROJECT_ROOT, project_path
+
+
+def plan(cfg) -> list[tuple[str, list[str]]]:
+    e = cfg.experiment
+    common = [f"model={cfg.model.name}", f"paths.data_root={cfg.paths.data_root}", f"seed={cfg.seed}"]
+    if cfg.model.path:
+        common.append(f"model.path={cfg.model.path}")
+    if cfg.threads:
+        common.append(f"threads={cfg.threads}")
+    data = [f"dataset={e.dataset}", f"dataset.count={e.count}", f"dataset.max_new_tokens={e.max_new_tokens}"]
+    jobs = [(f"speed_{a}", ["experiment=speed", f"ablation={a}", *data]) for a in e.ablations]
+    jobs += [(f"speed_{a}_{kv}", ["experiment=speed", f"ablation={a}", f"early_exit.kv_policy={kv}", *data])
+             for a in e.kv_policy_variants for kv in ("propagate",)]
+    if e.stats:
+        jobs.append(("stats", ["experiment=stats", *data]))
+    for a in e.accuracy_ablations:
+        jobs.append((f"accuracy_{a}", ["experiment=accuracy", f"ablation={a}",
+                                       f"experiment.tasks=[{','.join(e.accuracy_tasks)}]",
+                                       f"experiment.limit={e.accuracy_limit}"]))
+    return [(name, [*common, *args]) for name, args in jobs]
+
+
+def run(cfg):
+    root = PROJECT_ROOT / "runs" / "reproduce" / cfg.experiment.name
+    jobs = plan(cfg)
+    t0, failed = time.perf_counter(), []
+    for name, args in tqdm(jobs, desc="reproduce", unit="job"):
+        out = root / name
+        if (out / "results.json").is_file() and not cfg.force:
+            tqdm.write(f"[{name}] finished earlier, reusing {out / 'results.json'}")
+            continue
+        tqdm.write(f"[{name}] python run.py {' '.join(args)}")
+        force = ["force=true"] if cfg.force else []
+        rc = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), *args, *force,
+                             f"hydra.run.dir={out}"]).returncode
+        if rc != 0:
+            failed.append(name)
+            tqdm.write(f"[{name}] failed (exit status {rc}); continuing with the other jobs")
+    report_dir = project_path(cfg.experiment.report_dir) if cfg.experiment.report_dir else \
+        PROJECT_ROOT / "reports" / cfg.experiment.name
+    rc = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), "experiment=report", f"sweep={root}",
+                         f"experiment.out_dir={report_dir}", f"hydra.run.dir={root / '_report'}"]).returncode
+    minutes = (time.perf_counter() - t0) / 60
+    print(f"\nreproduction '{cfg.experiment.name}' done in {minutes:.1f} min: {len(jobs) - len(failed)}/{len(jobs)} jobs ok")
+    print(f"results: {root}\nreport:  {report_dir / 'report.pdf'}\nsummary: {report_dir / 'summary.md'}")
+    if failed or rc != 0:
+        raise SpeceeError(f"jobs failed: {failed or ['report']}; their messages are above")
+    return str(report_dir / "report.pdf")
