@@ -24,4 +24,8 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 1:
+        # Bare `python run.py` is the main job: the default reproduction (sweep, stats,
+        # accuracy subset, report). Any argument selects a single job (default: experiment=speed).
+        sys.argv.append("experiment=reproduce")
     main()

@@ -32,8 +32,8 @@ def _key(metric: str, filt: str) -> str:
     return metric if filt == "none" else f"{metric}_{filt}"
 
 
-def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict]:
-    """Per-task metrics and lm-eval's per-sample logs (with specee's per-request layers)."""
+def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
+    """Per-task metrics, lm-eval's per-sample logs (with specee's per-request layers), seconds."""
     from lm_eval import simple_evaluate
 
     e = cfg.experiment
@@ -48,17 +48,18 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict]:
     per_doc = {}
     for (task, doc, idx), r in sorted(lm.records.items()):
         per_doc.setdefault((task, doc), []).append({"idx": idx, **r})
-    metrics, samples = {"_seconds": seconds}, {}
+    metrics, samples = {}, {}
     for name in names:
-        m = {_key(*k.split(",", 1)): v for k, v in out["results"][name].items()
+        m = {_key(*k.split(",", 1)): float(v) for k, v in out["results"][name].items()
              if "," in k and isinstance(v, (int, float))}
         metric, filt = registry.primary_metric(name).split(",")
         n = out["n-samples"][name]
-        metrics[name] = {"accuracy": m[_key(metric, filt)], "accuracy_stderr": m.get(_key(f"{metric}_stderr", filt)),
-                         "primary_metric": _key(metric, filt), **m, "n": n["effective"],
-                         "n_available": n["original"], "num_fewshot": e.num_fewshot, **stats.get(name, {})}
+        primary = _key(metric, filt)
+        metrics[name] = {"accuracy": m[primary], "accuracy_stderr": m.get(_key(f"{metric}_stderr", filt)),
+                         "primary_metric": primary, **m, "n": n["effective"], "n_available": n["original"],
+                         "num_fewshot": e.num_fewshot, **stats.get(name, {})}
         samples[name] = [{**s, "specee": per_doc.get((name, s["doc_id"]), [])} for s in out["samples"][name]]
-    return metrics, samples
+    return metrics, samples, seconds
 
 
 def calibration_overlap(cfg, samples: dict) -> int | None:
@@ -93,8 +94,8 @@ def run(cfg) -> dict:
     model, tokenizer = load_model(cfg.model)
     rt = LayerwiseLM(model)
     lm = SpeceeLM(build_decoder(cfg, rt), tokenizer, e.max_gen_tokens, e.max_length, e.on_overflow)
-    metrics, samples = evaluate(cfg, lm, names, tm)
-    seconds = [metrics.pop("_seconds")]
+    metrics, samples, seconds = evaluate(cfg, lm, names, tm)
+    seconds = [seconds]
     if (overlap := calibration_overlap(cfg, samples)) is not None:
         metrics["gsm8k"]["calibration_overlap"] = overlap
         if overlap:
@@ -106,8 +107,8 @@ def run(cfg) -> dict:
     extra = {"settings": settings, "device": str(rt.device)}
     baseline = project_path(e.baseline)
     if e.update_baseline:  # a second identical run measures run-to-run variation
-        again, again_samples = evaluate(cfg, lm, names, tm)
-        seconds.append(again.pop("_seconds"))
+        again, again_samples, secs = evaluate(cfg, lm, names, tm)
+        seconds.append(secs)
         spread = {t: abs(again[t]["accuracy"] - metrics[t]["accuracy"]) for t in names}
         extra["repeat"] = {t: {"spread": spread[t], "identical_responses":
                                [s["resps"] for s in samples[t]] == [s["resps"] for s in again_samples[t]]}

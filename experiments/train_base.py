@@ -78,6 +78,7 @@ def run(cfg) -> dict:
     config = tiny_config(len(tokenizer), e.hidden_size, e.intermediate_size, e.num_layers,
                          e.num_heads, e.num_kv_heads, eos_token_id=eos)
     model = LlamaForCausalLM(config)
+    _scale_residual_init(model, config.num_hidden_layers)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=e.lr, betas=(0.9, 0.95),
                             weight_decay=e.weight_decay)
@@ -160,6 +161,15 @@ def run(cfg) -> dict:
     print(f"saved {out}  (val ppl {final_ppl:.1f} on {len(final_stories)} stories, "
           f"{steps_done} steps, {train_s / 60:.1f} min)")
     return card
+
+
+def _scale_residual_init(model, num_layers: int) -> None:
+    """GPT-2 style: residual-branch outputs start at std 0.02/sqrt(2L), which keeps a deep, narrow
+    stack from blowing up early in training."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                lin.weight.normal_(0.0, 0.02 / math.sqrt(2 * num_layers))
 
 
 def _loss(model, b: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,10 @@ def train_svm(x: np.ndarray, y: np.ndarray, max_samples: int, seed: int) -> tupl
     from sklearn.svm import LinearSVC
     rng = np.random.default_rng(seed)
     idx = rng.permutation(len(x))[:max_samples]
+    if len(np.unique(y[idx])) < 2:  # e.g. a model whose every layer already agrees with the last
+        only = bool(y[idx][0])
+        return AdaInferSVM([0.0, 0.0], 1.0 if only else -1.0), {
+            "samples": int(len(idx)), "degenerate": f"single class ({only}) in the labels: constant decision"}
     svm = LinearSVC(C=1.0, dual=False).fit(x[idx], y[idx])
     return AdaInferSVM(svm.coef_[0].tolist(), float(svm.intercept_[0])), {"samples": int(len(idx))}
 

@@ -96,7 +96,7 @@ class TrainBaseExperiment:
     seq_len: int = 256
     batch_size: int = 8
     steps: int = 1400
-    lr: float = 8e-4
+    lr: float = 6e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 200
     weight_decay: float = 0.1

@@ -168,7 +168,7 @@ def test_drift_check_passes_identical_and_fails_doctored_baseline(micro, tmp_pat
     assert ok and rows[0]["status"] == "ok" and rows[0]["delta"] == 0
     doctored = json.loads(base.read_text())
     e = doctored["tasks"]["copa"]["dense"]
-    e["accuracy"] = e["accuracy"] + e["tolerance"] + 0.01 if e["accuracy"] < 0.5 else e["accuracy"] - e["tolerance"] - 0.01
+    e["accuracy"] += (1 if e["accuracy"] < 0.5 else -1) * (e["tolerance"] + 0.01)  # just beyond tolerance
     base.write_text(json.dumps(doctored))
     res = run_cli(*common, "experiment.check_baseline=true", f"hydra.run.dir={tmp_path / 'c'}")
     assert res.returncode == 2 and "DRIFT" in res.stderr and "| copa | dense |" in res.stderr

@@ -119,3 +119,60 @@ def test_corrupt_predictor_artifact_is_one_clear_error(micro, tmp_path):
     res = run_cli("ablation=specee_t1", *args, f"early_exit.predictors_path={bad}",
                   "dataset.categories=[writing]", f"hydra.run.dir={tmp_path / 'run'}")
     assert res.returncode == 2 and "corrupt" in res.stderr and "Traceback" not in res.stderr
+
+
+def _pdf_pages(path) -> int:
+    import re
+    return len(re.findall(rb"/Type\s*/Page[^s]", path.read_bytes()))
+
+
+def test_sweep_collect_and_report(micro, tmp_path):
+    """A real two-job sweep (one process per job), rerun skips, then table + PDF from stored results."""
+    _, paths = micro
+    sweep = ["-m", "ablation=dense,specee_t1", *paths, "dataset.categories=[writing,qa]",
+             "dataset.max_new_tokens=10", "sweep_name=test", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    res = run_cli(*sweep)
+    assert res.returncode == 0, res.stderr[-2000:]
+    found = sorted((tmp_path / "sweep").rglob("results.json"))
+    assert len(found) == 2
+    again = run_cli(*sweep)
+    assert again.returncode == 0 and again.stdout.count("skipping") == 2
+    res = run_cli("experiment=stats", *paths, "dataset.categories=[writing,qa]", "dataset.max_new_tokens=10",
+                  "experiment.max_n=3", f"hydra.run.dir={tmp_path / 'sweep' / 'stats'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+
+    res = run_cli("experiment=collect", f"sweep={tmp_path / 'sweep'}", f"hydra.run.dir={tmp_path / 'c'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    import pandas as pd
+    table = pd.read_csv(tmp_path / "sweep" / "results.csv")
+    assert len(table) == 3 and {"metrics.speedup_vs_dense", "ablation.name", "env.torch"} <= set(table.columns)
+
+    out = tmp_path / "report"
+    res = run_cli("experiment=report", f"sweep={tmp_path / 'sweep'}", f"experiment.out_dir={out}",
+                  f"hydra.run.dir={tmp_path / 'r'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    # cover + speedup per category + staircase (dense, T1) + exit distribution + context
+    # similarity + overhead; accuracy is skipped with its reason.
+    assert _pdf_pages(out / "report.pdf") == 6
+    md = (out / "summary.md").read_text()
+    assert "## Ablation staircase" in md and "Accuracy: no accuracy results" in md
+
+
+def test_submitit_local_launcher_runs_the_same_path(micro, tmp_path):
+    _, paths = micro
+    res = run_cli("-m", "hydra/launcher=local", "ablation=dense", *paths, "dataset.categories=[writing]",
+                  "dataset.max_new_tokens=6", f"hydra.sweep.dir={tmp_path}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(list(tmp_path.rglob("results.json"))) == 1
+
+
+def test_reproduce_plan_covers_the_ablations():
+    from omegaconf import OmegaConf
+
+    from experiments.reproduce import plan
+    from specee.config import Config, ReproduceExperiment
+    cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
+    cfg.model = {"name": "tiny", "path": None}
+    names = [n for n, _ in plan(cfg)]
+    assert names == ["speed_dense", "speed_adainfer", "speed_specee_t1", "speed_specee_t1_t2",
+                     "speed_specee_t1_propagate", "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
