@@ -144,8 +144,25 @@ def test_specee_scoring_its_own_output_replays_the_decode(fire):
     dec = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=fire), K, "holes")
     for ids in prompts(3):
         gen = dec.generate(ids, 16)
-        s = dec.score(ids, gen.tokens)
+        s = dec.score(ids, gen.tokens, exit_at_context_end=False)
         assert s.greedy and s.layers == gen.exit_layers
         if not fire:
             dense = DenseDecoder(rt).score(ids, gen.tokens)
             np.testing.assert_allclose(s.logprobs, dense.logprobs, rtol=1e-4, atol=1e-5)
+
+
+def test_scoring_exits_on_the_last_context_token_by_default():
+    """The first continuation token is also scored by an exit decision (one-token answers)."""
+    rt, draft = setup(layers=8)
+    dec = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=True), K, "holes")
+    exited = 0
+    g = torch.Generator().manual_seed(3)
+    for ids in [torch.randint(1, 101, (1, 4 + i % 9), generator=g) for i in range(40)]:
+        s = dec.score(ids[:, :-1], [int(ids[0, -1])])
+        assert len(s.layers) == 1
+        exited += s.layers[0] < rt.num_layers
+        never = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=False), K, "holes")
+        dense = DenseDecoder(rt).score(ids[:, :-1], [int(ids[0, -1])])
+        np.testing.assert_allclose(never.score(ids[:, :-1], [int(ids[0, -1])]).logprobs, dense.logprobs,
+                                   rtol=1e-4, atol=1e-5)
+    assert exited > 0

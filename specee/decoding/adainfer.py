@@ -97,13 +97,20 @@ class AdaInferDecoder:
         return Generation(tokens, times[0], times, layers, trace)
 
     @torch.inference_mode()
-    def score(self, context_ids: torch.Tensor, continuation: list[int]) -> Score:
-        """Teacher forcing; each position's log-probs come from the layer the SVM exited at."""
+    def score(self, context_ids: torch.Tensor, continuation: list[int],
+              exit_at_context_end: bool = True) -> Score:
+        """Teacher forcing; each position's log-probs come from the layer the SVM exited at
+        (``exit_at_context_end``: as in SpecEEDecoder.score)."""
         rt = self.rt
         cache = rt.new_cache(context_ids.shape[1] + len(continuation))
-        rows = [rt.logits(rt.forward(context_ids, cache)[:, -1:])[0, -1]]
-        layers = [rt.num_layers]
-        for tok in continuation[:-1]:
+        steps = list(continuation[:-1])
+        rows, layers = [], []
+        if exit_at_context_end and context_ids.shape[1] > 1:
+            rt.forward(context_ids[:, :-1], cache)
+            steps = [int(context_ids[0, -1])] + steps
+        else:
+            rows, layers = [rt.logits(rt.forward(context_ids, cache)[:, -1:])[0, -1]], [rt.num_layers]
+        for tok in steps:
             _, exit_layer, _ = self.decode_one_token(torch.tensor(tok, device=rt.device), cache)
             rows.append(self._last_logits)
             layers.append(exit_layer + 1)

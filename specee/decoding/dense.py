@@ -43,7 +43,7 @@ class DenseDecoder:
         return Generation(tokens, times[0], times, [rt.num_layers] * len(tokens))
 
     @torch.inference_mode()
-    def score(self, context_ids: torch.Tensor, continuation: list[int]) -> Score:
+    def score(self, context_ids: torch.Tensor, continuation: list[int], exit_at_context_end: bool = True) -> Score:
         """One forward over context + continuation: the same log-probs as the HF model's own."""
         rt = self.rt
         ids = torch.cat([context_ids, torch.tensor([continuation], device=context_ids.device)], 1)

@@ -143,18 +143,29 @@ class SpecEEDecoder:
         return Generation(tokens, times[0], times, layers, trace)
 
     @torch.inference_mode()
-    def score(self, context_ids: torch.Tensor, continuation: list[int]) -> Score:
+    def score(self, context_ids: torch.Tensor, continuation: list[int],
+              exit_at_context_end: bool = True) -> Score:
         """Teacher forcing with the decoding-time exit decision at every continuation position:
         the draft proposes from the real prefix, predictors + verification pick the exit layer,
-        and the log-probs come from norm(h_exit) @ lm_head. The first position is the dense
-        prefill's, as in decoding."""
+        and the log-probs come from norm(h_exit) @ lm_head.
+
+        With ``exit_at_context_end`` (the default, used for accuracy) the context's last token is
+        also run as a decode step, so the first continuation token is scored by an early-exit
+        decision too — otherwise one-token answers (BoolQ's yes/no) would always be scored by
+        the dense prefill. With False the first position is the dense prefill's, as in decoding."""
         rt = self.rt
         n = context_ids.shape[1] + len(continuation)
         cache, dcache = rt.new_cache(n), self.draft.new_cache(n)
         state = self.schedule.new_request()
-        _, f = self.prefill(context_ids, cache, dcache)
-        feats, layers = [f.view(-1)], [rt.num_layers]
-        for tok in continuation[:-1]:
+        steps = list(continuation[:-1])
+        feats, layers = [], []
+        if exit_at_context_end and context_ids.shape[1] > 1:
+            _, f = self.prefill(context_ids[:, :-1], cache, dcache)
+            steps = [int(context_ids[0, -1])] + steps
+        else:
+            _, f = self.prefill(context_ids, cache, dcache)
+            feats, layers = [f.view(-1)], [rt.num_layers]
+        for tok in steps:
             token = torch.tensor(tok, device=rt.device)
             spec = self.propose(token, f, dcache)
             _, f, exit_layer, _ = self.decode_one_token(token, spec, cache, state)
