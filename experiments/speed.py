@@ -37,9 +37,16 @@ def early_exit_metrics(gens, m: dict) -> dict:
     t_verify = sum(t["t_verify"] for t in trace)
     t_draft = sum(t["t_draft"] for t in trace)
     n = len(trace)
+    # Tree modes trace one entry per verification step, which may emit several tokens.
+    tokens = sum(t.get("emitted", 1) for t in trace)
+    per_step = {}
+    if any("emitted" in t for t in trace):
+        per_step = {"verification_steps": n,
+                    "predictor_calls_per_step": sum(t["pred_calls"] for t in trace) / n}
     return {
-        "predictor_calls_per_token": sum(t["pred_calls"] for t in trace) / n,
-        "verify_calls_per_token": sum(t["verify_calls"] for t in trace) / n,
+        **per_step,
+        "predictor_calls_per_token": sum(t["pred_calls"] for t in trace) / tokens,
+        "verify_calls_per_token": sum(t["verify_calls"] for t in trace) / tokens,
         "exit_rate": sum(t["exit_layer"] < m["num_layers"] - 1 for t in trace) / n,
         "overhead_share": (t_pred + t_verify) / decode_s,
         "draft_share": t_draft / decode_s,
@@ -122,6 +129,9 @@ def run(cfg) -> dict:
     m["energy"] = meters["mode"].summary(m["generated_tokens"])
     d["energy"] = meters["dense"].summary(d["generated_tokens"])
     m.update(early_exit_metrics(mode_gens, m))
+    if any("accepted" in t for g in mode_gens for t in g.trace):
+        from specee.decoding.tree import mean_accepted_length
+        m["mean_accepted_length"] = mean_accepted_length(mode_gens)
     if cfg.experiment.compare_hf_generate:
         dense_total = sum(g.prefill_s + g.decode_s for g in dense_gens)
         m["hf_generate_ratio"] = dense_total / hf_s

@@ -61,7 +61,10 @@ class PlacementConfig:
 @dataclass
 class AblationConfig:
     name: str = MISSING
-    mode: str = "dense"  # dense | specee | adainfer
+    mode: str = "dense"  # dense | specee | adainfer | eagle
+    decoding: str = "autoregressive"  # autoregressive | tree  (specee only; eagle is always tree)
+    tree: Any = "small"  # small | mc_sim_7b_63 | root | list of paths (EAGLE choices)
+    mapping: str = "merged"  # independent | merged  (early exit inside the tree)
 
 
 @dataclass
@@ -265,9 +268,18 @@ def validate(cfg) -> None:
         )
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise SpeceeError(f"model.dtype={cfg.model.dtype!r} is unknown; valid: float32, bfloat16, float16")
-    if cfg.ablation.mode not in ("dense", "specee", "adainfer"):
-        raise SpeceeError(f"ablation.mode={cfg.ablation.mode!r} is unknown; valid: dense, specee, adainfer")
-    needs_draft = cfg.ablation.mode == "specee" or cfg.experiment._target_.split(".")[1] in (
+    a = cfg.ablation
+    if a.mode not in ("dense", "specee", "adainfer", "eagle"):
+        raise SpeceeError(f"ablation.mode={a.mode!r} is unknown; valid: dense, specee, adainfer, eagle")
+    if a.decoding not in ("autoregressive", "tree"):
+        raise SpeceeError(f"ablation.decoding={a.decoding!r} is unknown; valid: autoregressive, tree")
+    if a.mapping not in ("independent", "merged"):
+        raise SpeceeError(f"ablation.mapping={a.mapping!r} is unknown; valid: independent, merged")
+    if a.decoding == "tree" and a.mode not in ("specee", "eagle"):
+        raise SpeceeError(f"ablation.decoding=tree needs a draft-based mode (eagle, specee), not {a.mode}")
+    if a.mode == "eagle" and a.decoding != "tree":
+        raise SpeceeError("ablation.mode=eagle is tree speculative decoding; set ablation.decoding=tree")
+    needs_draft = a.mode in ("specee", "eagle") or cfg.experiment._target_.split(".")[1] in (
         "train_predictors", "profile_exits", "stats")
     if needs_draft and cfg.draft.name == "none":
         raise SpeceeError(f"ablation={cfg.ablation.name} needs a draft head; use draft=eagle "

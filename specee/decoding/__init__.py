@@ -11,6 +11,20 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False):
     if mode == "dense":
         from specee.decoding.dense import DenseDecoder
         return DenseDecoder(rt)
+    if mode == "eagle" or (mode == "specee" and cfg.ablation.decoding == "tree"):
+        from specee.decoding.tree import TreeDecoder
+        from specee.models.draft import load_draft
+        draft, _ = load_draft(project_path(cfg.draft.path), rt)
+        bank = schedule = None
+        if mode == "specee":
+            from specee.early_exit.predictor import PredictorBank
+            from specee.early_exit.schedule import build_schedule
+            bank, _ = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
+            bank = bank.to(rt.device, rt.dtype)
+            placement = placement or cfg.placement
+            schedule = build_schedule(placement, rt.num_layers, project_path(placement.profile_path))
+        tree = cfg.ablation.tree if isinstance(cfg.ablation.tree, str) else [list(p) for p in cfg.ablation.tree]
+        return TreeDecoder(rt, draft, tree, bank, schedule, cfg.ablation.mapping, ee.k, ee.kv_policy)
     if mode == "specee":
         from specee.decoding.specee_ar import SpecEEDecoder
         from specee.early_exit.predictor import PredictorBank
@@ -24,4 +38,4 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False):
     if mode == "adainfer":
         from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
         return AdaInferDecoder(rt, AdaInferSVM.load(project_path(ee.adainfer_path)), ee.kv_policy)
-    raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer")
+    raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer, eagle")

@@ -58,15 +58,18 @@ class DraftHead(nn.Module):
         return LayerKVCache(1, rt.kv_heads, rt.head_dim, rt.dtype, rt.device, capacity)
 
     def forward(self, next_ids: torch.Tensor, feats: torch.Tensor, cache: LayerKVCache | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """next_ids: (1, T) tokens x[i+1]; feats: (1, T, d) features f[i]. Returns f_hat (1, T, d)."""
+                position_ids: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """next_ids: (1, T) tokens x[i+1]; feats: (1, T, d) features f[i]. Returns f_hat (1, T, d).
+
+        ``mask``: an additive attention mask over cache + block (a draft tree level); default causal."""
         rt = self.rt
         x = self.fc(torch.cat([rt.embed(next_ids), feats], dim=-1))
         if position_ids is None:
             start = cache.seq_len if cache is not None else 0
             position_ids = torch.arange(start, start + x.shape[1], device=x.device).unsqueeze(0)
         rope = rt.rotary(x, position_ids=position_ids)
-        mask = rt.mask_for(cache.lengths[0] if cache is not None else 0, x.shape[1], None)
+        if mask is None:
+            mask = rt.mask_for(cache.lengths[0] if cache is not None else 0, x.shape[1], None)
         out = self.layer(x, attention_mask=mask, position_embeddings=rope, position_ids=position_ids,
                          cache=cache, use_cache=cache is not None)
         if cache is not None:

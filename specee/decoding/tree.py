@@ -1,0 +1,231 @@
+"""Tree speculative decoding (EAGLE-1 static tree), optionally with SpecEE early exit (paper §6).
+
+One verification step, from the root r (the last emitted token, not yet in the base cache) and
+f, the base feature of the token before it:
+
+1. draft: the draft head reads the newly accepted pairs and (r, f), then expands the static tree
+   level by level (children of a node = its draft top-ranked tokens, each child reads its parent's
+   draft feature), over its own cache with a tree mask; the tree entries are cropped afterwards,
+   and the next step re-feeds the accepted tokens with their *base* features (EAGLE-1's rule).
+2. verify: one base forward over [r] + tree nodes, each node at position seq_len + depth and
+   attending to the cache plus its tree ancestors and itself (``block_mask``).
+3. accept (greedy): walk from r following the base prediction; the accepted nodes' tokens and the
+   prediction at the last accepted node (the bonus) are emitted; only the walk's K/V is kept.
+
+Without predictors this is lossless: token-identical to dense greedy.
+
+Early exit (``predictors`` given). Every node v gets a speculative set S(v) = the draft's top-K at
+v (its tree children are the top ranks of it). Leaves are drafted one level further for their S,
+so every node can exit. Per verification step the schedule's active set is read once and the
+step's exit layer recorded once. At each active layer l < L-1 the predictor is evaluated per
+*unit* on spec_features(norm(h_l[v]), S(v)), with v the unit's feature node:
+
+- ``independent``: a unit per node (feature node = itself); N+1 evaluations per layer;
+- ``merged``: a unit per root-to-leaf path (a hyper-token); its feature node is the leaf, whose
+  hidden state has attended to the whole path; one evaluation per path per layer.
+
+When some unit fires, the LM head runs once over all nodes (one verification) and the layer-l walk
+W_l is taken with the layer-l predictions. The step exits at l iff every node of W_l verifies
+(its layer-l prediction is in its S(v), as in autoregressive SpecEE) and every *needed* unit
+fired: independent: the units of W_l's nodes; merged: the paths through W_l's last node, i.e. the
+hyper-tokens that contain the whole accepted prefix. Paths that leave W_l earlier were rejected at
+this layer: their predictor outputs are ignored, they never block an exit (a path's exit layer is
+thus the largest over the tokens it keeps). Otherwise the walk at the last layer is taken (dense
+verification). All nodes stop at the same layer e; the kept (walk) nodes' K/V of layers > e are
+left or filled from h_e by ``kv_policy`` (:func:`~specee.early_exit.kv_policy.fill_skipped`), and
+their features norm(h_e) feed the draft.
+
+Consistency with :class:`~specee.decoding.specee_ar.SpecEEDecoder`: with the root alone (tree
+``[]``, ``chain(0)``) both mappings are exactly the autoregressive mode: same S, features, p_prev,
+verification, exit layer, K/V policy and schedule bookkeeping. With one drafted node (``[[0]]``)
+outputs can differ once exits happen: AR decides the second token's exit on its own, after the
+first token's skipped layers became holes, while one forward gives both tokens one exit layer.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specee.decoding.base import Clock, Generation
+from specee.decoding.tree_shape import build
+from specee.early_exit.features import initial_p, spec_features
+from specee.early_exit.kv_policy import check_policy, fill_skipped
+from specee.early_exit.schedule import AllLayers
+from specee.errors import SpeceeError
+from specee.runtime import LayerwiseLM
+
+MAPPINGS = ("independent", "merged")
+
+
+class TreeDecoder:
+    name = "tree"
+
+    def __init__(self, rt: LayerwiseLM, draft, tree="small", predictors=None, schedule=None,
+                 mapping: str | None = None, k: int = 4, kv_policy: str = "holes"):
+        self.rt, self.draft, self.predictors, self.k = rt, draft, predictors, k
+        self.tree = build(tree)
+        self.kv_policy = check_policy(kv_policy)
+        self.schedule = schedule or AllLayers(rt.num_layers)
+        self.mapping = mapping or "merged"
+        if self.mapping not in MAPPINGS:
+            raise SpeceeError(f"mapping={mapping!r} is unknown; valid: {', '.join(MAPPINGS)}")
+        has = predictors.has.tolist() if predictors is not None else [False] * rt.num_layers
+        self.can_exit = [bool(has[i]) and i < rt.num_layers - 1 for i in range(rt.num_layers)]
+        tr = self.tree
+        if self.mapping == "independent":
+            self.units = [[v] for v in range(tr.size)]
+            self.through = [[v] for v in range(tr.size)]  # needed units of a walk: its nodes'
+        else:
+            self.units = tr.root_paths
+            self.through = [[u for u, p in enumerate(self.units) if v in p] for v in range(tr.size)]
+        self.feat_node = [u[-1] for u in self.units]
+
+    def needed(self, walk: list[int]) -> set[int]:
+        if self.mapping == "independent":
+            return set(walk)
+        return set(self.through[walk[-1]])
+
+    # -- draft ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def draft_tree(self, root: int, pend_ids, pend_feats, dcache):
+        """Feed the pending (token, base feature) pairs ending with the root, expand the tree.
+
+        Returns node tokens and, with predictors, S(v) per node (else None)."""
+        tr, d, rt = self.tree, self.draft, self.rt
+        spec_on = self.predictors is not None
+        f_hat = {0: d(pend_ids, pend_feats, dcache)[0, -1]}
+        base = dcache.lengths[0]  # history + root: visible to every tree node
+        tokens, spec, fed = [root] + [0] * (tr.size - 1), [None] * tr.size, []
+        for depth in range(tr.max_depth + 1):
+            level = [v for v in tr.level(depth) if tr.children[v] or spec_on]
+            if not level:
+                continue
+            if depth:
+                allowed = tr.mask[level][:, fed + level].to(rt.device)
+                pos = torch.full((1, len(level)), base - 1 + depth, device=rt.device)
+                out = d(torch.tensor([[tokens[v] for v in level]], device=rt.device),
+                        torch.stack([f_hat[tr.parent[v]] for v in level])[None], dcache, pos,
+                        rt._additive_mask(base, len(level), allowed))
+                f_hat.update({v: out[0, j] for j, v in enumerate(level)})
+                fed += level
+            width = max([self.k if spec_on else 0] + [tr.rank[c] + 1 for v in level for c in tr.children[v]])
+            top = d.logits(torch.stack([f_hat[v] for v in level])).topk(width, -1).indices.tolist()
+            for v, t in zip(level, top):
+                for c in tr.children[v]:
+                    tokens[c] = t[tr.rank[c]]
+                spec[v] = t[: self.k] if spec_on else None
+        dcache.crop(base)
+        return tokens, spec if spec_on else None
+
+    # -- verify ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def verify(self, tokens, spec, cache, state):
+        """One base forward over the tree; returns (walk, predictions, features of the walk, exit, trace)."""
+        rt, tr, pred = self.rt, self.tree, self.predictors
+        now = time.perf_counter
+        ids = torch.tensor([tokens], device=rt.device)
+        pos = (cache.seq_len + torch.tensor(tr.depth, device=rt.device))[None]
+        block = tr.mask.to(rt.device) if tr.size > 1 else None  # root alone: AR's exact call
+        start = list(cache.lengths)
+        h = rt.embed(ids)
+        rope = rt.rope(h, pos)
+        active = self.schedule.active(state)
+        if spec is not None:
+            spec_w = rt.lm_head.weight[torch.tensor(spec, device=rt.device)]  # (N+1, K, d)
+            p_prev = [initial_p(self.k, spec_w[v]) for v in range(tr.size)]
+        t_layers = t_pred = t_verify = 0.0
+        pred_calls = verify_calls = 0
+        exit_layer = None
+        for i in range(rt.num_layers):
+            t0 = now()
+            h = rt.run_layer(i, h, rope, cache, block, pos)
+            t1 = now()
+            t_layers += t1 - t0
+            if not (self.can_exit[i] and active[i]):
+                continue
+            normed = rt.norm(h)[0]
+            fires = []
+            for v in self.feat_node:
+                x, p_prev[v] = spec_features(normed[v], spec_w[v], p_prev[v])
+                fires.append(pred.fires(i, x))
+            pred_calls += len(fires)
+            t2 = now()
+            t_pred += t2 - t1
+            if any(fires):
+                verify_calls += 1
+                nxt = rt.lm_head(normed).argmax(-1).tolist()
+                walk = tr.walk(nxt, tokens)
+                ok = all(fires[u] for u in self.needed(walk)) and all(nxt[v] in spec[v] for v in walk)
+                t_verify += now() - t2
+                if ok:
+                    exit_layer = i
+                    break
+        if exit_layer is None:
+            t0 = now()
+            normed = rt.norm(h)[0]
+            nxt = rt.lm_head(normed).argmax(-1).tolist()
+            walk, exit_layer = tr.walk(nxt, tokens), rt.num_layers - 1
+            t_layers += now() - t0
+        t0 = now()
+        idx = torch.tensor(walk, device=rt.device)
+        for j in range(exit_layer + 1):  # layers above the exit got no entries this step
+            cache.keep(j, start[j], idx)
+        cache.seq_len += len(walk)
+        fill_skipped(rt, cache, h[:, idx], exit_layer, (rope[0][:, idx], rope[1][:, idx]), self.kv_policy)
+        t_layers += now() - t0
+        self.schedule.record(state, exit_layer)
+        trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "nodes": tr.size,
+                 "accepted": len(walk), "pred_calls": pred_calls, "verify_calls": verify_calls,
+                 "t_layers": t_layers, "t_pred": t_pred, "t_verify": t_verify}
+        return walk, nxt, normed[idx], exit_layer, trace
+
+    # -- loop -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None) -> Generation:
+        rt, clock = self.rt, Clock(self.rt.device)
+        extra = self.tree.max_depth + 2
+        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens + self.tree.size + extra)
+        dcache = self.draft.new_cache(prompt_ids.shape[1] + max_new_tokens + self.tree.size + extra)
+        state = self.schedule.new_request()
+        t0 = clock()
+        f = rt.norm(rt.forward(prompt_ids, cache))
+        if prompt_ids.shape[1] > 1:  # the draft's history: pairs (x[i+1], f[i])
+            self.draft(prompt_ids[:, 1:], f[:, :-1], dcache)
+        root = int(rt.lm_head(f[:, -1])[0].argmax())
+        pend_ids, pend_feats = torch.tensor([[root]], device=rt.device), f[:, -1:]
+        t1 = clock()
+        tokens, times, layers, trace = [root], [t1 - t0], [rt.num_layers], []
+        while len(tokens) < max_new_tokens and tokens[-1] != eos_id:
+            t0 = t1
+            nodes, spec = self.draft_tree(root, pend_ids, pend_feats, dcache)
+            t_draft = time.perf_counter() - t0
+            walk, nxt, feats, exit_layer, tr = self.verify(nodes, spec, cache, state)
+            new = [nodes[v] for v in walk[1:]] + [nxt[walk[-1]]]
+            emitted = 0
+            for tok in new:  # stop exactly where dense would
+                if len(tokens) >= max_new_tokens or tokens[-1] == eos_id:
+                    break
+                tokens.append(tok)
+                emitted += 1
+            root = new[-1]
+            pend_ids, pend_feats = torch.tensor([new], device=rt.device), feats[None]
+            t1 = clock()
+            times += [(t1 - t0) / emitted] * emitted
+            layers += [exit_layer + 1] * emitted
+            trace.append(tr | {"emitted": emitted, "t_draft": t_draft})
+        return Generation(tokens, times[0], times, layers, trace)
+
+    def score(self, context_ids, continuation: list[int], exit_at_context_end: bool = True):
+        """Teacher forcing: the lossless tree scores as dense; tree early exit has no scoring rule yet."""
+        if self.predictors is not None:
+            raise SpeceeError("scoring (accuracy tasks) is not defined for tree decoding with early "
+                              "exit; use the autoregressive SpecEE mode for accuracy")
+        from specee.decoding.dense import DenseDecoder
+        return DenseDecoder(self.rt).score(context_ids, continuation, exit_at_context_end)
+
+
+def mean_accepted_length(gens: list[Generation]) -> float:
+    """Tokens a verification step accepts, bonus included (EAGLE's tau), over all steps."""
+    steps = [t["accepted"] for g in gens for t in g.trace]
+    return sum(steps) / len(steps) if steps else float("nan")
