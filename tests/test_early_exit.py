@@ -166,3 +166,16 @@ def test_scoring_exits_on_the_last_context_token_by_default():
         np.testing.assert_allclose(never.score(ids[:, :-1], [int(ids[0, -1])]).logprobs, dense.logprobs,
                                    rtol=1e-4, atol=1e-5)
     assert exited > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_spec_probe_equals_norm_then_project(arch):
+    from specee.early_exit.features import SpecProbe
+    rt = LayerwiseLM(random_lm(arch, layers=2))
+    spec = torch.tensor([5, 17, 3, 99])
+    probe = SpecProbe(rt, spec)
+    assert probe.fast  # these norms fold; others take the plain path
+    h = torch.randn(1, 1, 64) * 3
+    with torch.inference_mode():
+        ref = rt.lm_head(rt.norm(h))[0, 0, spec]
+    torch.testing.assert_close(probe.logits(h), ref, rtol=1e-5, atol=1e-5)

@@ -20,7 +20,7 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False):
             from specee.early_exit.predictor import PredictorBank
             from specee.early_exit.schedule import build_schedule
             bank, _ = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
-            bank = bank.to(rt.device, rt.dtype)
+            bank = bank.to(rt.device)  # float32: features are computed in float32
             placement = placement or cfg.placement
             schedule = build_schedule(placement, rt.num_layers, project_path(placement.profile_path))
         tree = cfg.ablation.tree if isinstance(cfg.ablation.tree, str) else [list(p) for p in cfg.ablation.tree]
@@ -34,7 +34,7 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False):
         bank, _ = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
         placement = placement or cfg.placement
         schedule = build_schedule(placement, rt.num_layers, project_path(placement.profile_path))
-        return SpecEEDecoder(rt, draft, bank.to(rt.device, rt.dtype), ee.k, ee.kv_policy, schedule, shadow)
+        return SpecEEDecoder(rt, draft, bank.to(rt.device), ee.k, ee.kv_policy, schedule, shadow)
     if mode == "adainfer":
         from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
         return AdaInferDecoder(rt, AdaInferSVM.load(project_path(ee.adainfer_path)), ee.kv_policy)

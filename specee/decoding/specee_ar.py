@@ -19,7 +19,7 @@ import time
 import torch
 
 from specee.decoding.base import Clock, Generation, Score, score_from_logits
-from specee.early_exit.features import initial_p, spec_features
+from specee.early_exit.features import SpecProbe, features_from_logits, initial_p
 from specee.early_exit.kv_policy import fill_skipped
 from specee.early_exit.predictor import PredictorBank
 from specee.early_exit.schedule import AllLayers
@@ -60,8 +60,8 @@ class SpecEEDecoder:
         rt, pred = self.rt, self.predictors
         now = time.perf_counter
         spec_list = spec.tolist()
-        spec_w = rt.lm_head.weight[spec]
-        p_prev = initial_p(self.k, spec_w)
+        probe = SpecProbe(rt, spec)
+        p_prev = initial_p(self.k, spec)
         pos = rt.positions(cache, 1)
         h = rt.embed(token.view(1, 1))
         rope = rt.rope(h, pos)
@@ -76,19 +76,19 @@ class SpecEEDecoder:
             t1 = now()
             t_layers += t1 - t0
             if self.shadow and self.can_exit[i]:
-                p_all, hit = self._shadow_check(i, h, spec_w, spec_list, p_all)
+                p_all, hit = self._shadow_check(i, h, probe, spec_list, p_all)
                 if hit and shadow_exit is None:
                     shadow_exit = i
             if not (self.can_exit[i] and active[i]):
                 continue
-            normed = rt.norm(h)[0, 0]
-            feats, p_prev = spec_features(normed, spec_w, p_prev)
+            feats, p_prev = features_from_logits(probe.logits(h), p_prev)
             pred_calls += 1
             fire = pred.fires(i, feats)
             t2 = now()
             t_pred += t2 - t1
             if fire:
                 verify_calls += 1
+                normed = rt.norm(h)[0, 0]
                 cand = int(rt.lm_head(normed).argmax())
                 t_verify += now() - t2
                 if cand in spec_list:
@@ -111,11 +111,10 @@ class SpecEEDecoder:
             trace["shadow_exit_layer"] = shadow_exit if shadow_exit is not None else rt.num_layers - 1
         return torch.tensor(nxt), normed.view(1, 1, -1), exit_layer, trace
 
-    def _shadow_check(self, i, h, spec_w, spec_list, p_all):
+    def _shadow_check(self, i, h, probe, spec_list, p_all):
         """Would the all-layers policy (p_prev = layer i-1) exit at layer i?"""
-        normed = self.rt.norm(h)[0, 0]
-        feats, p_all = spec_features(normed, spec_w, p_all)
-        hit = self.predictors.fires(i, feats) and int(self.rt.lm_head(normed).argmax()) in spec_list
+        feats, p_all = features_from_logits(probe.logits(h), p_all)
+        hit = self.predictors.fires(i, feats) and int(self.rt.logits(h)[0, 0].argmax()) in spec_list
         return p_all, hit
 
     @torch.inference_mode()

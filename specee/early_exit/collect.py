@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specee.early_exit.features import adainfer_features, initial_p, spec_features
+from specee.early_exit.features import SpecProbe, adainfer_features, features_from_logits, initial_p
 from specee.models.draft import DraftHead
 from specee.runtime import LayerwiseLM
 
@@ -26,8 +26,8 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
     generated = 1
     while generated < max_new_tokens and int(token) != eos_id:
         spec = draft.logits(draft(token.view(1, 1), f_prev, dcache))[0, -1].topk(k).indices
-        spec_w = rt.lm_head.weight[spec]
-        p_prev = initial_p(k, spec_w)
+        probe = SpecProbe(rt, spec)
+        p_prev = initial_p(k, spec)
         pos = rt.positions(cache, 1)
         h = rt.embed(token.view(1, 1))
         rope = rt.rope(h, pos)
@@ -35,7 +35,7 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
         for i in range(rt.num_layers):
             h = rt.run_layer(i, h, rope, cache, None, pos)
             normed = rt.norm(h)[0, 0]
-            x, p_prev = spec_features(normed, spec_w, p_prev)
+            x, p_prev = features_from_logits(probe.logits(h), p_prev)
             logits = rt.lm_head(normed)
             feats.append(x)
             argmaxes.append(logits.argmax())

@@ -20,18 +20,47 @@ FEATURE_DEFINITION = ("concat(z, softmax(z), softmax(z) - p_prev) with z = norm(
                       "layer evaluated for this token, uniform 1/K before the first")
 
 
+# RMSNorms computing weight * h / rms(h): their weight can be folded into the K lm_head rows.
+_FOLDABLE_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+
+
 def initial_p(k: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.full((k,), 1.0 / k, dtype=like.dtype, device=like.device)
+    return torch.full((k,), 1.0 / k, dtype=torch.float32, device=like.device)
+
+
+class SpecProbe:
+    """z_l = norm(h_l) @ lm_head.weight[S].T for one token, cheaply at every layer.
+
+    The final norm's weight is folded into the K rows once per token, so a layer costs one
+    (K x d) mat-vec and the RMS of h — a third of the time of norm-then-project on a CPU. Norms
+    of another form (e.g. Gemma's 1 + weight) take the plain path. Computed in float32.
+    """
+
+    def __init__(self, rt, spec: torch.Tensor):
+        norm, w = rt.norm, rt.lm_head.weight[spec]
+        self.fast = type(norm).__name__ in _FOLDABLE_NORMS
+        if self.fast:
+            self.rows = w.float() * norm.weight.float()
+            self.eps, self.inv_d = norm.variance_epsilon, 1.0 / w.shape[-1]
+        else:
+            self.rows, self.norm = w, norm
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.fast:
+            v = h.reshape(-1).float()
+            return (self.rows @ v) * torch.rsqrt(v.dot(v) * self.inv_d + self.eps)
+        return (self.rows @ self.norm(h).reshape(-1)).float()
+
+
+def features_from_logits(z: torch.Tensor, p_prev: torch.Tensor):
+    """(features (3K,), p (K,)) from the K speculative logits; pass p back as the next p_prev."""
+    p = torch.softmax(z, -1)
+    return torch.cat([z, p, p - p_prev]), p
 
 
 def spec_features(normed_h: torch.Tensor, spec_weight: torch.Tensor, p_prev: torch.Tensor):
-    """normed_h: (d,) final-normed hidden; spec_weight: (K, d) = lm_head.weight[S].
-
-    Returns (features (3K,), p (K,)) — pass p back as the next call's p_prev.
-    """
-    z = spec_weight @ normed_h
-    p = torch.softmax(z.float(), -1).to(z.dtype)
-    return torch.cat([z, p, p - p_prev]), p
+    """The same features from an already-normed hidden state: z = spec_weight @ normed_h."""
+    return features_from_logits((spec_weight @ normed_h).float(), p_prev)
 
 
 def adainfer_features(logits: torch.Tensor) -> torch.Tensor:

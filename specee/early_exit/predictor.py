@@ -93,7 +93,17 @@ class PredictorBank(nn.Module):
         self.has[layer] = True
 
     def logit(self, layer: int, feats: torch.Tensor) -> torch.Tensor:
+        if feats.dim() == 1:  # the decode hot path: two fused mat-vecs
+            return torch.addmv(self.b1[layer], self._w1t[layer], feats).relu_().dot(self.w2[layer]) + self.b2[layer]
         return torch.relu(feats @ self.w1[layer] + self.b1[layer]) @ self.w2[layer] + self.b2[layer]
+
+    @property
+    def _w1t(self) -> torch.Tensor:
+        """w1 transposed and contiguous (addmv wants (hidden, 3K)); rebuilt when w1 changes."""
+        key = (self.w1.data_ptr(), self.w1._version, self.w1.device)
+        if getattr(self, "_w1t_key", None) != key:
+            self._w1t_cache, self._w1t_key = self.w1.transpose(1, 2).contiguous(), key
+        return self._w1t_cache
 
     def prob(self, layer: int, feats: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logit(layer, feats))
