@@ -131,6 +131,7 @@ def run(cfg) -> dict:
     final_stories = valid.documents[: e.final_eval_stories]
     final_ppl = validation_ppl(model, tokenizer, final_stories, e.seq_len)
 
+    card_samples = samples(model, tokenizer)
     model.config.dtype = e.save_dtype
     model = model.to(getattr(torch, e.save_dtype))
     card = {
@@ -150,6 +151,7 @@ def run(cfg) -> dict:
         "train_seconds": round(train_s, 1), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "saved_dtype": e.save_dtype,
         "val_curve": evals,
+        "samples": card_samples,
         "loss_curve": curve[:: max(1, len(curve) // 200)] + curve[-1:],
     }
     out = project_path(e.out_dir)
@@ -161,6 +163,25 @@ def run(cfg) -> dict:
     print(f"saved {out}  (val ppl {final_ppl:.1f} on {len(final_stories)} stories, "
           f"{steps_done} steps, {train_s / 60:.1f} min)")
     return card
+
+
+SAMPLE_PROMPTS = ["Once upon a time, there was a little girl named Lily. She",
+                  "Tom and his dog went to the park. They",
+                  "The little bird was sad because"]
+
+
+@torch.no_grad()
+def samples(model, tokenizer, n_new: int = 40) -> list[dict]:
+    """Greedy continuations of TinyStories-style prompts, for the model card."""
+    model.eval()
+    out = []
+    for p in SAMPLE_PROMPTS:
+        ids = tokenizer(p, return_tensors="pt").input_ids
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, do_sample=False,
+                             pad_token_id=tokenizer.eos_token_id)
+        out.append({"prompt": p, "greedy_continuation": tokenizer.decode(gen[0, ids.shape[1]:],
+                                                                          skip_special_tokens=True)})
+    return out
 
 
 def _scale_residual_init(model, num_layers: int) -> None:
@@ -194,6 +215,8 @@ def _card_markdown(card: dict) -> str:
         f"- weights saved as {card['saved_dtype']} safetensors", "",
         "## Validation perplexity during training", "", "| step | val ppl |", "|---|---|",
         *[f"| {r['step']} | {r['val_ppl']} |" for r in card["val_curve"]], "",
+        "## Greedy samples", "",
+        *[f"- *{r['prompt']}* → {r['greedy_continuation']!r}" for r in card.get("samples", [])], "",
         "## Training data (sha256)", "",
         *[f"- `{k}` `{v}`" for k, v in card["data"].items()], "",
         "The full loss curve is in `model_card.json`.", "",

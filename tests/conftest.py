@@ -7,6 +7,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "specee" / "artifacts" / "tiny"
+DATA_ROOT = (ROOT / os.environ.get("SPECEE_DATA_ROOT", "../shared/data")).resolve()
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
