@@ -29,16 +29,16 @@ def run(cfg) -> dict:
     all_layers = OmegaConf.merge(cfg.placement, {"name": "all_layers", "offline": False, "online": False})
     specee_cfg = OmegaConf.merge(cfg, {"ablation": {"mode": "specee"}})  # whatever ablation= says
     decoder = build_decoder(specee_cfg, rt, placement=all_layers)
-    prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), e)
+    prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), e.calibration)
     counts = [0] * rt.num_layers
     for p in tqdm(prompts, desc="profile exits"):
         text = format_conversation(cfg.model.chat_template, [(p.turns[0], None)])
         ids = tokenizer(text, return_tensors="pt").input_ids.to(rt.device)
-        for tr in decoder.generate(ids, e.max_new_tokens, tokenizer.eos_token_id).trace:
+        for tr in decoder.generate(ids, e.calibration.max_new_tokens, tokenizer.eos_token_id).trace:
             counts[tr["exit_layer"]] += 1
     if not sum(counts):
         raise SpeceeError("the calibration prompts produced no decoded tokens to profile; "
-                          "raise experiment.max_new_tokens or add prompts")
+                          "raise experiment.calibration.max_new_tokens or add prompts")
     exits = counts[: rt.num_layers - 1]
     profile = {
         "model": cfg.model.name, "num_layers": rt.num_layers, "exit_counts": counts,

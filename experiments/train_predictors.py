@@ -4,7 +4,7 @@ AdaInfer SVM, save both with metadata.
     python run.py experiment=train_predictors model=tiny
 
 Calibration prompts are disjoint from evaluation ones: Spec-Bench prompts from
-``spec_bench_offset`` on (speed runs read offsets below it; the speed recipe checks) plus
+``calibration.spec_bench_offset`` on (speed runs read offsets below it; the speed recipe checks) plus
 openings of held-out TinyStories. The split into train / held-out is by prompt, so tokens of
 one answer never sit on both sides.
 
@@ -55,13 +55,13 @@ def run(cfg) -> dict:
     model, tokenizer = load_model(cfg.model)
     rt = LayerwiseLM(model)
     draft, draft_card = load_draft(project_path(cfg.draft.path), rt)
-    prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), e)
+    prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), e.calibration)
 
     per_prompt = []
     for p in tqdm(prompts, desc="collect exit features"):
         text = format_conversation(cfg.model.chat_template, [(p.turns[0], None)])
         ids = tokenizer(text, return_tensors="pt").input_ids.to(rt.device)
-        got = collect_prompt(rt, draft, ids, e.max_new_tokens, k, tokenizer.eos_token_id)
+        got = collect_prompt(rt, draft, ids, e.calibration.max_new_tokens, k, tokenizer.eos_token_id)
         if got:
             per_prompt.append(got)
     if not per_prompt:

@@ -131,16 +131,22 @@ class TrainDraftExperiment:
 
 
 @dataclass
+class CalibrationConfig:
+    """Prompts for predictor training and exit profiling, disjoint from evaluation: Spec-Bench
+    prompts from ``spec_bench_offset`` on (speed runs use offsets below it) plus openings of
+    held-out TinyStories."""
+    spec_bench_offset: int = 10
+    spec_bench_count: int = 4  # per category
+    story_prompts: int = 80
+    max_new_tokens: int = 64
+
+
+@dataclass
 class TrainPredictorsExperiment:
     _target_: str = "experiments.train_predictors.run"
     out_dir: str = "${early_exit.predictors_path}"
     adainfer_out_dir: str = "${early_exit.adainfer_path}"
-    # Calibration prompts, disjoint from evaluation: Spec-Bench prompts from this offset on
-    # (speed runs use offsets below it) plus openings of held-out TinyStories.
-    spec_bench_offset: int = 10
-    spec_bench_count: int = 3  # per category
-    story_prompts: int = 40
-    max_new_tokens: int = 48
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     hidden: int = 512
     epochs: int = 15
     lr: float = 1e-3
@@ -154,17 +160,15 @@ class TrainPredictorsExperiment:
 class ProfileExitsExperiment:
     _target_: str = "experiments.profile_exits.run"
     out_dir: str = "${placement.profile_path}"
-    spec_bench_offset: int = 10  # the calibration prompts of train_predictors
-    spec_bench_count: int = 3
-    story_prompts: int = 40
-    max_new_tokens: int = 48
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)  # as train_predictors
 
 
 @dataclass
 class StatsExperiment:
     _target_: str = "experiments.stats.run"
     max_n: int = 10  # context-similarity hit rate for N = 1..max_n
-    placements: list[str] = field(default_factory=lambda: ["all_layers", "offline_topm", "online_union"])
+    placements: list[str] = field(default_factory=lambda: ["all_layers", "offline_topm", "online_union",
+                                                           "online_union_reference"])
     warmup: int = 1
 
 

@@ -171,11 +171,11 @@ def story_openings(root, count: int, words: int = 12) -> tuple[list[Prompt], dic
     return prompts, {TINYSTORIES_CONTINUATION: sha256(path)}
 
 
-def calibration_prompts(root, e) -> tuple[list[Prompt], dict]:
+def calibration_prompts(root, c) -> tuple[list[Prompt], dict]:
     """Prompts for predictor training and exit profiling, disjoint from evaluation: Spec-Bench
-    from ``e.spec_bench_offset`` on (evaluation reads lower offsets) + held-out story openings."""
-    spec = spec_bench_prompts(root, None, e.spec_bench_count, e.spec_bench_offset)
-    stories, files = story_openings(root, e.story_prompts)
+    from ``c.spec_bench_offset`` on (evaluation reads lower offsets) + held-out story openings."""
+    spec = spec_bench_prompts(root, None, c.spec_bench_count, c.spec_bench_offset)
+    stories, files = story_openings(root, c.story_prompts)
     files[SPEC_BENCH] = sha256(data_file(root, SPEC_BENCH))
     return spec + stories, files
 

@@ -26,12 +26,12 @@ def micro(tmp_path_factory):
                   "experiment.max_tokens=8000", "experiment.seq_len=64", "experiment.steps=15",
                   f"hydra.run.dir={root / 'r2'}")
     assert res.returncode == 0, res.stderr[-2000:]
-    res = run_cli("experiment=train_predictors", *paths, "experiment.spec_bench_count=1",
-                  "experiment.story_prompts=6", "experiment.max_new_tokens=10", "experiment.epochs=3",
+    res = run_cli("experiment=train_predictors", *paths, "experiment.calibration.spec_bench_count=1",
+                  "experiment.calibration.story_prompts=6", "experiment.calibration.max_new_tokens=10", "experiment.epochs=3",
                   f"hydra.run.dir={root / 'r3'}")
     assert res.returncode == 0, res.stderr[-2000:]
-    res = run_cli("experiment=profile_exits", *paths, "experiment.spec_bench_count=1",
-                  "experiment.story_prompts=6", "experiment.max_new_tokens=10", f"hydra.run.dir={root / 'r4'}")
+    res = run_cli("experiment=profile_exits", *paths, "experiment.calibration.spec_bench_count=1",
+                  "experiment.calibration.story_prompts=6", "experiment.calibration.max_new_tokens=10", f"hydra.run.dir={root / 'r4'}")
     assert res.returncode == 0, res.stderr[-2000:]
     return root, paths
 
@@ -60,12 +60,12 @@ def test_exit_profile_and_statistics(micro, tmp_path):
                   "experiment.max_n=3", f"hydra.run.dir={tmp_path}")
     assert res.returncode == 0, res.stderr[-2000:]
     m = json.loads((tmp_path / "results.json").read_text())["metrics"]
-    assert set(m["placements"]) == {"all_layers", "offline_topm", "online_union"}
+    assert set(m["placements"]) == {"all_layers", "offline_topm", "online_union", "online_union_reference"}
     dist = m["exit_distribution"]["all"]
     assert abs(sum(dist["share_per_layer"]) - 1) < 1e-3
     cs = m["context_similarity"]["per_category"]["all"]
     assert [r["n"] for r in cs] == [1, 2, 3] and all(0 <= r["shuffled_chance"] <= 1 for r in cs)
-    assert set(m["missed_exits"]) == {"offline_topm", "online_union"}
+    assert set(m["missed_exits"]) == {"offline_topm", "online_union", "online_union_reference"}
 
 
 @pytest.mark.parametrize("ablation", ["dense", "specee_t1", "specee_t1_t2", "adainfer", "eagle", "specee_full"])
