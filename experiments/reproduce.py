@@ -28,6 +28,8 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
     jobs = [(f"speed_{a}", ["experiment=speed", f"ablation={a}", *data]) for a in e.ablations]
     jobs += [(f"speed_{a}_{kv}", ["experiment=speed", f"ablation={a}", f"early_exit.kv_policy={kv}", *data])
              for a in e.kv_policy_variants for kv in ("propagate",)]
+    jobs += [(f"speed_{a}_independent", ["experiment=speed", f"ablation={a}", "ablation.mapping=independent", *data])
+             for a in e.mapping_variants]
     if e.stats:
         jobs.append(("stats", ["experiment=stats", *data]))
     for a in e.accuracy_ablations:

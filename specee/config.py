@@ -187,8 +187,10 @@ class ReportExperiment:
 class ReproduceExperiment:
     _target_: str = "experiments.reproduce.run"
     name: str = "default"  # runs/reproduce/<name>, reports/<name>
-    ablations: list[str] = field(default_factory=lambda: ["dense", "adainfer", "specee_t1", "specee_t1_t2"])
+    ablations: list[str] = field(default_factory=lambda: ["dense", "adainfer", "specee_t1", "specee_t1_t2",
+                                                          "eagle", "specee_full"])
     kv_policy_variants: list[str] = field(default_factory=lambda: ["specee_t1"])  # also run with propagate
+    mapping_variants: list[str] = field(default_factory=lambda: ["specee_full"])  # also run independent
     dataset: str = "spec_bench"
     count: int = 1  # prompts per Spec-Bench category
     max_new_tokens: int = 48

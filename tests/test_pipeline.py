@@ -179,5 +179,6 @@ def test_reproduce_plan_covers_the_ablations():
     cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
     cfg.model = {"name": "tiny", "path": None}
     names = [n for n, _ in plan(cfg)]
-    assert names == ["speed_dense", "speed_adainfer", "speed_specee_t1", "speed_specee_t1_t2",
-                     "speed_specee_t1_propagate", "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
+    assert names == ["speed_dense", "speed_adainfer", "speed_specee_t1", "speed_specee_t1_t2", "speed_eagle",
+                     "speed_specee_full", "speed_specee_t1_propagate", "speed_specee_full_independent",
+                     "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
