@@ -13,7 +13,6 @@ import math
 import random
 import sys
 import time
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
