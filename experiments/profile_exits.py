@@ -7,7 +7,6 @@ per-layer exit counts in ``placement.profile_path``; ``placement=offline_topm`` 
 """
 from __future__ import annotations
 
-import sys
 
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -46,7 +45,7 @@ def run(cfg) -> dict:
         "calibration_prompt_ids": [p.id for p in prompts], "data_files": files,
         "predictors": str(cfg.early_exit.predictors_path), "k": cfg.early_exit.k,
         "threshold": cfg.early_exit.threshold, "kv_policy": cfg.early_exit.kv_policy,
-        "command": " ".join(["python", "run.py", *sys.argv[1:]]),
+        "command": results.command_line(),
         "default_offline_set": offline_set(exits, cfg.placement.m, cfg.placement.coverage),
         "offline_rule": f"smallest M whose layers hold >= {cfg.placement.coverage:.0%} of exits "
                         "(placement.coverage), unless placement.m is set",

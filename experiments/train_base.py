@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 import time
 
 import torch
@@ -19,7 +18,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
-from specee import data
+from specee import data, results
 from specee.errors import SpeceeError
 from specee.io import atomic_dir, project_path
 from specee.models.builders import EOS, tiny_config, train_tokenizer
@@ -138,7 +137,7 @@ def run(cfg) -> dict:
         "config": {k: getattr(config, k) for k in (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "max_position_embeddings")},
-        "command": " ".join(["python", "run.py", *sys.argv[1:]]),
+        "command": results.command_line(),
         "recipe": OmegaConf.to_container(e, resolve=True),
         "seed": cfg.seed,
         "data": {**stories.files, **books.files},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-import sys
 import time
 
 import torch
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from specee import data
+from specee import data, results
 from specee.io import atomic_dir, project_path
 from specee.models.draft import DraftHead
 from specee.models.loader import load_model
@@ -132,7 +131,7 @@ def run(cfg) -> dict:
         "format": "specee-draft-1", "architecture": "EAGLE-1 (fc 2d->d + 1 decoder layer, shared lm_head)",
         "base_model": cfg.model.name, "base_num_layers": rt.num_layers,
         "hidden_size": model.config.hidden_size, "base_weights_fingerprint": base_hash,
-        "command": " ".join(["python", "run.py", *sys.argv[1:]]),
+        "command": results.command_line(),
         "recipe": OmegaConf.to_container(e, resolve=True), "seed": cfg.seed, "data": files,
         "blocks": {"train": len(tr), "held_out": len(ev), "seq_len": e.seq_len},
         "steps": e.steps, "train_seconds": round(time.perf_counter() - t0, 1),

@@ -16,7 +16,6 @@ verification changes the output. ``pos_weight=balanced`` weights positives by n_
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 
 import numpy as np
@@ -97,7 +96,7 @@ def run(cfg) -> dict:
     common = {
         "model": cfg.model.name, "num_layers": L, "k": k, "base_weights_fingerprint":
             draft_card.get("base_weights_fingerprint"), "draft": str(cfg.draft.path),
-        "command": " ".join(["python", "run.py", *sys.argv[1:]]), "seed": cfg.seed,
+        "command": results.command_line(), "seed": cfg.seed,
         "recipe": OmegaConf.to_container(e, resolve=True), "data_files": files,
         "calibration_prompt_ids": [p.id for p in prompts], "collected_tokens": int(sum(len(r["label"]) for r in per_prompt)),
         "train_prompts": len(tr), "held_out_prompts": len(va), "data_sha256": data_hash,

@@ -14,6 +14,13 @@ from specee.io import write_json_atomic
 RESULTS = "results.json"
 
 
+def command_line() -> str:
+    """The command that produced an artifact, without machine-specific output folders."""
+    import sys
+    args = [a for a in sys.argv[1:] if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    return " ".join(["python", "run.py", *args])
+
+
 def output_dir() -> Path:
     from hydra.core.hydra_config import HydraConfig
     return Path(HydraConfig.get().runtime.output_dir)
