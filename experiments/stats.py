@@ -15,7 +15,7 @@ from collections import defaultdict
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from experiments.speed import check_disjoint_from_calibration, early_exit_metrics, load_prompts
+from experiments.speed import check_disjoint_from_calibration, early_exit_metrics, load_prompts, prompt_encoder
 from specee import results
 from specee.bench.exit_stats import context_similarity, distribution
 from specee.bench.speed import match_rate, speed_metrics
@@ -53,7 +53,8 @@ def run(cfg) -> dict:
     decoders = {name: build_decoder(specee_cfg, rt, placement=placement_node(cfg, name))
                 for name in e.placements}
     dense = DenseDecoder(rt)
-    encoded = [tokenizer(p["text"], return_tensors="pt").input_ids.to(rt.device) for p in prompts]
+    encode, truncated = prompt_encoder(tokenizer, rt, n_new)
+    encoded = [encode(p["text"]) for p in prompts]
     for ids in encoded[: e.warmup]:
         dense.generate(ids, 8, eos)
         for d in decoders.values():
@@ -101,6 +102,7 @@ def run(cfg) -> dict:
         missed[name] = {"tokens": len(trace), "missed_exit_share": len(late) / max(1, len(trace)),
                         "extra_layers_per_token": sum(late) / max(1, len(trace))}
     metrics["missed_exits"] = missed
+    metrics["truncated_prompts"] = len(truncated)
     path = results.save(out, cfg, metrics, {"prompts": [{"id": p["id"], "category": p["category"]} for p in prompts]})
     _print_summary(metrics, rows)
     print(f"wrote {path}")
