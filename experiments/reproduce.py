@@ -57,7 +57,8 @@ def run(cfg):
             tqdm.write(f"[{name}] failed (exit status {rc}); continuing with the other jobs")
     report_dir = project_path(cfg.experiment.report_dir) if cfg.experiment.report_dir else \
         PROJECT_ROOT / "reports" / cfg.experiment.name
-    rc = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), "experiment=report", f"sweep={root}",
+    rc = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), "experiment=report",
+                         f"sweep={root.relative_to(PROJECT_ROOT)}",
                          f"experiment.out_dir={report_dir}", f"hydra.run.dir={root / '_report'}"]).returncode
     minutes = (time.perf_counter() - t0) / 60
     print(f"\nreproduction '{cfg.experiment.name}' done in {minutes:.1f} min: {len(jobs) - len(failed)}/{len(jobs)} jobs ok")

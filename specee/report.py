@@ -50,6 +50,9 @@ def _name(doc) -> str:
     ee = doc["config"].get("early_exit", {})
     if doc["config"]["ablation"]["mode"] != "dense" and ee.get("kv_policy", "holes") != "holes":
         name += f" ({ee['kv_policy']})"
+    a = doc["config"]["ablation"]
+    if a.get("decoding") == "tree" and a["mode"] == "specee" and a.get("mapping") != "merged":
+        name += f" ({a['mapping']})"
     return name
 
 
