@@ -102,6 +102,7 @@ def run(cfg) -> dict:
             g["lr"] = _lr(step, e)
         b = batch()
         loss = _loss(model, b)
+        steps_done = step + 1  # counted even when a non-finite update is skipped
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), e.grad_clip)
@@ -114,7 +115,6 @@ def run(cfg) -> dict:
                                   f"{step + 1}); lower experiment.lr or raise experiment.warmup_steps")
             continue
         opt.step()
-        steps_done = step + 1
         curve.append({"step": steps_done, "loss": round(loss.item(), 4),
                       "elapsed_s": round(time.perf_counter() - t0, 1)})
         bar.set_postfix(loss=f"{loss.item():.3f}")
