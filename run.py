@@ -14,8 +14,9 @@ register()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig):
     from specee.errors import SpeceeError
-    from specee.launch import run_experiment
+    from specee.launch import run_experiment, tee_output_to_run_log
 
+    tee_output_to_run_log()
     try:
         return run_experiment(cfg)
     except SpeceeError as err:

@@ -52,7 +52,7 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
     for name in names:
         m = {_key(*k.split(",", 1)): float(v) for k, v in out["results"][name].items()
              if "," in k and isinstance(v, (int, float))}
-        metric, filt = registry.primary_metric(name).split(",")
+        metric, filt = registry.primary_metric(name, out["results"][name], e.task_source).split(",")
         n = out["n-samples"][name]
         primary = _key(metric, filt)
         metrics[name] = {"accuracy": m[primary], "accuracy_stderr": m.get(_key(f"{metric}_stderr", filt)),
@@ -84,12 +84,17 @@ def run(cfg) -> dict:
             _verdict(baseline, *drift.check(baseline, cfg.ablation.name, done["settings"],
                                             done["metrics"]["accuracy"]))
         return done["metrics"]
-    names = registry.check_names(e.tasks)
-    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # local JSONL only
+    names = list(e.tasks)
+    if e.task_source == "shipped":
+        os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # local files only
+    # lm-eval's datasets cache goes to the run dir unless the user chose one.
+    os.environ.setdefault("HF_DATASETS_CACHE", str(out / "hf_datasets_cache"))
     from specee.evaluation.lm import SpeceeLM
     from specee.evaluation.tasks.utils import FEWSHOT_POOL
 
-    tm = registry.task_manager(names, project_path(cfg.paths.data_root), out / "lm_eval_tasks")
+    include = project_path(e.include_path) if e.include_path else None
+    tm = registry.task_manager(names, project_path(cfg.paths.data_root), out / "lm_eval_tasks",
+                               include, e.task_source)
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model(cfg.model)
     rt = LayerwiseLM(model)
@@ -102,6 +107,7 @@ def run(cfg) -> dict:
             print(f"warning: {overlap} evaluated gsm8k items were calibration prompts of the predictors")
 
     settings = {"limit": e.limit, "num_fewshot": e.num_fewshot, "fewshot_pool": FEWSHOT_POOL,
+                "task_source": e.task_source, "include_path": str(include) if include else None,
                 "seed": cfg.seed, "max_gen_tokens": e.max_gen_tokens, "max_length": lm.max_length,
                 "on_overflow": e.on_overflow, "dtype": cfg.model.dtype}
     extra = {"settings": settings, "device": str(rt.device)}

@@ -93,6 +93,8 @@ def run(cfg) -> dict:
     if not cfg.force and (done := results.finished(out)):
         print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
         return done["metrics"]
+    prompts = load_prompts(cfg)  # a bad prompt file fails before the model loads
+    check_disjoint_from_calibration(cfg, prompts)
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model(cfg.model)
     rt = LayerwiseLM(model)
@@ -100,8 +102,6 @@ def run(cfg) -> dict:
     dense = DenseDecoder(rt)
     eos = tokenizer.eos_token_id
     n_new = cfg.dataset.max_new_tokens
-    prompts = load_prompts(cfg)
-    check_disjoint_from_calibration(cfg, prompts)
     template = cfg.model.chat_template
     encode, truncated = prompt_encoder(tokenizer, rt, n_new)
 

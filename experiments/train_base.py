@@ -3,6 +3,8 @@
     python run.py experiment=train_base                      # the committed artifact's recipe
     python run.py experiment=train_base experiment.steps=20 experiment.hidden_size=32 ...
 
+Training checkpoints to ``checkpoint_dir`` every ``checkpoint_minutes``; the same command, run
+again, resumes from the last checkpoint (the recipe must match; ``force=true`` starts over).
 Writes ``out_dir`` atomically: bf16 safetensors, tokenizer, ``model_card.json`` (data files and
 their sha256, command, seed, steps, tokens, loss curve, validation perplexity) and ``MODEL_CARD.md``.
 """
@@ -11,12 +13,12 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 
 import torch
 from omegaconf import OmegaConf
-from tqdm import tqdm
-from transformers import LlamaForCausalLM
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specee import data, results
 from specee.errors import SpeceeError
@@ -53,6 +55,27 @@ def validation_ppl(model, tokenizer, stories: list[str], seq_len: int) -> float:
     return math.exp(nll / count)
 
 
+@torch.no_grad()
+def validation_bits_per_byte(model, tokenizer, stories: list[str], seq_len: int) -> float:
+    """Bits per UTF-8 byte of the stories' text (tokenizer-independent, so models with different
+    vocabularies compare): the summed next-token NLL of each story's tokens, each story read after
+    an EOS in seq_len windows, over the stories' byte count. The closing EOS is not scored."""
+    model.eval()
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    nll, n_bytes = 0.0, 0
+    for s in stories:
+        ids = [eos] + tokenizer(s, add_special_tokens=False)["input_ids"]
+        for start in range(0, len(ids) - 1, seq_len):
+            chunk = torch.tensor(ids[start:start + seq_len + 1]).unsqueeze(0)
+            if chunk.shape[1] < 2:
+                continue
+            logits = model(input_ids=chunk[:, :-1]).logits.float()
+            nll += torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="sum").item()
+        n_bytes += len(s.encode("utf-8"))
+    model.train()
+    return nll / math.log(2) / n_bytes
+
+
 def _lr(step: int, e) -> float:
     if step < e.warmup_steps:
         return e.lr * (step + 1) / e.warmup_steps
@@ -60,16 +83,68 @@ def _lr(step: int, e) -> float:
     return e.lr * (e.min_lr_ratio + (1 - e.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+_RESUME_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "seq_len", "batch_size", "steps", "lr", "min_lr_ratio", "warmup_steps",
+                "weight_decay", "grad_clip", "tinystories_share")
+
+
+def _save_checkpoint(ckpt_dir, model, opt, tokenizer, rng, state: dict) -> None:
+    """Everything needed to continue bit-for-bit: weights, Adam moments, both RNGs, the curves."""
+    tmp = ckpt_dir.with_name(f".{ckpt_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "torch_rng": torch.get_rng_state(), "py_rng": rng.getstate()}, tmp / "state.pt")
+    tokenizer.save_pretrained(tmp)
+    (tmp / "progress.json").write_text(json.dumps(state, indent=1))
+    old = ckpt_dir.with_name(f".{ckpt_dir.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if ckpt_dir.exists():
+        ckpt_dir.rename(old)
+    tmp.rename(ckpt_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_checkpoint(ckpt_dir, recipe: dict):
+    """The checkpoint in ckpt_dir if it belongs to this recipe; a clear error if it does not."""
+    if not (ckpt_dir / "progress.json").is_file():
+        return None
+    try:
+        state = json.loads((ckpt_dir / "progress.json").read_text())
+        blob = torch.load(ckpt_dir / "state.pt", weights_only=False)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(ckpt_dir)
+    except Exception as err:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
+        raise SpeceeError(f"training checkpoint {ckpt_dir} is unreadable ({type(err).__name__}: {err}); "
+                          "delete it or pass force=true to start over") from None
+    theirs = {k: state["recipe"].get(k) for k in _RESUME_KEYS}
+    ours = {k: recipe.get(k) for k in _RESUME_KEYS}
+    if theirs != ours:
+        diff = {k: (theirs[k], ours[k]) for k in _RESUME_KEYS if theirs[k] != ours[k]}
+        raise SpeceeError(f"training checkpoint {ckpt_dir} was made by another recipe "
+                          f"(checkpoint vs now: {diff}); rerun with the same settings, or force=true to start over")
+    return state, blob, tokenizer
+
+
 def run(cfg) -> dict:
     e = cfg.experiment
+    recipe = OmegaConf.to_container(e, resolve=True)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     root = project_path(cfg.paths.data_root)
     stories = data.tinystories_train(root)
     books = data.children_books(root)
     valid = data.tinystories_valid(root)
+    ckpt_dir = project_path(e.checkpoint_dir)
+    if cfg.force:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    resumed = _load_checkpoint(ckpt_dir, recipe)
 
-    tokenizer = train_tokenizer(stories.documents + books.documents, e.vocab_size)
+    if resumed:
+        state, blob, tokenizer = resumed
+    else:
+        state = {"recipe": recipe, "step": 0, "train_seconds": 0.0, "curve": [], "evals": [],
+                 "skipped": [], "resumed_at": []}
+        tokenizer = train_tokenizer(stories.documents + books.documents, e.vocab_size)
     streams = {"tinystories": _token_stream(tokenizer, stories.documents),
                "children_books_pg": _token_stream(tokenizer, books.documents)}
     eos = tokenizer.convert_tokens_to_ids(EOS)
@@ -80,6 +155,14 @@ def run(cfg) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=e.lr, betas=(0.9, 0.95),
                             weight_decay=e.weight_decay)
+    if resumed:
+        model.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])
+        torch.set_rng_state(blob["torch_rng"])
+        rng.setstate(_as_rng_state(blob["py_rng"]))
+        state["resumed_at"].append(state["step"])
+        print(f"resuming from {ckpt_dir} at step {state['step']} "
+              f"({state['train_seconds'] / 60:.1f} min trained so far)", flush=True)
 
     def batch() -> torch.Tensor:
         rows = []
@@ -90,67 +173,93 @@ def run(cfg) -> dict:
             rows.append(s[i:i + e.seq_len + 1])
         return torch.stack(rows)
 
+    def save() -> None:
+        _save_checkpoint(ckpt_dir, model, opt, tokenizer, rng, state)
+
     val_small = valid.documents[: e.eval_stories]
-    curve, evals = [], []
-    t0 = time.perf_counter()
+    tokens_per_step = e.batch_size * e.seq_len
     model.train()
-    steps_done = 0
-    skipped: list[int] = []
-    bar = tqdm(range(e.steps), desc="train tiny", dynamic_ncols=True)
-    for step in bar:
+    t_session = time.perf_counter()
+    t_base = state["train_seconds"]  # time trained before this process (resume)
+    t_ckpt = t_session
+    first_step = state["step"]
+    stopped_early = False
+    for step in range(first_step, e.steps):
         for g in opt.param_groups:
             g["lr"] = _lr(step, e)
         b = batch()
         loss = _loss(model, b)
-        steps_done = step + 1  # counted even when a non-finite update is skipped
+        state["step"] = step + 1  # counted even when a non-finite update is skipped
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), e.grad_clip)
+        now = time.perf_counter()
+        state["train_seconds"] = t_base + (now - t_session)
         if not (torch.isfinite(loss) and torch.isfinite(gnorm)):
             # A rare non-finite batch: skip its update (counted in the card) rather than poison Adam.
-            skipped.append(step + 1)
-            tqdm.write(f"step {step + 1}: non-finite loss/gradient, update skipped")
-            if len(skipped) > e.max_skipped_steps:
-                raise SpeceeError(f"training diverged ({len(skipped)} non-finite steps, last at "
+            state["skipped"].append(step + 1)
+            print(f"step {step + 1}: non-finite loss/gradient, update skipped", flush=True)
+            if len(state["skipped"]) > e.max_skipped_steps:
+                raise SpeceeError(f"training diverged ({len(state['skipped'])} non-finite steps, last at "
                                   f"{step + 1}); lower experiment.lr or raise experiment.warmup_steps")
             continue
         opt.step()
-        curve.append({"step": steps_done, "loss": round(loss.item(), 4),
-                      "elapsed_s": round(time.perf_counter() - t0, 1)})
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        if e.eval_every and steps_done % e.eval_every == 0:
-            ppl = validation_ppl(model, tokenizer, val_small, e.seq_len)
-            evals.append({"step": steps_done, "val_ppl": round(ppl, 2)})
-            tqdm.write(f"step {steps_done}: val ppl ({len(val_small)} stories) {ppl:.1f}")
-        if e.max_minutes and time.perf_counter() - t0 > 60 * e.max_minutes:
-            tqdm.write(f"stopping after {steps_done} steps: max_minutes={e.max_minutes} reached")
+        done = step + 1
+        state["curve"].append({"step": done, "loss": round(loss.item(), 4),
+                               "elapsed_s": round(state["train_seconds"], 1)})
+        if done % e.log_every == 0 or done == e.steps:
+            rate = (done - first_step) * tokens_per_step / max(1e-9, now - t_session)
+            eta_min = (e.steps - done) * tokens_per_step / max(rate, 1e-9) / 60
+            print(f"step {done}/{e.steps}  loss {loss.item():.3f}  lr {_lr(step, e):.2e}  "
+                  f"{rate:,.0f} tok/s  elapsed {state['train_seconds'] / 60:.1f} min  "
+                  f"ETA {eta_min:.1f} min", flush=True)
+        if e.eval_every and done % e.eval_every == 0:
+            bpb = validation_bits_per_byte(model, tokenizer, val_small, e.seq_len)
+            state["evals"].append({"step": done, "val_bpb": round(bpb, 4)})
+            print(f"step {done}: validation bits/byte ({len(val_small)} stories) {bpb:.4f}", flush=True)
+        if e.max_minutes and state["train_seconds"] > 60 * e.max_minutes:
+            print(f"stopping after {done} steps: max_minutes={e.max_minutes} reached", flush=True)
+            stopped_early = True
             break
-    train_s = time.perf_counter() - t0
+        if e.checkpoint_minutes and time.perf_counter() - t_ckpt > 60 * e.checkpoint_minutes:
+            save()
+            t_ckpt = time.perf_counter()
+            print(f"checkpoint at step {done} -> {ckpt_dir}", flush=True)
+    if e.checkpoint_minutes:
+        save()  # a crash in the final evaluation must not cost the training
+    steps_done = state["step"]
     final_stories = valid.documents[: e.final_eval_stories]
     final_ppl = validation_ppl(model, tokenizer, final_stories, e.seq_len)
+    final_bpb = validation_bits_per_byte(model, tokenizer, final_stories, e.seq_len)
 
     card_samples = samples(model, tokenizer)
     model.config.dtype = e.save_dtype
     model = model.to(getattr(torch, e.save_dtype))
+    layer_params = sum(p.numel() for p in model.model.layers[0].parameters())
     card = {
         "model": "tiny", "architecture": "LlamaForCausalLM", "parameters": n_params,
         "config": {k: getattr(config, k) for k in (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "max_position_embeddings")},
+        "cost_structure": {"params_per_layer": layer_params,
+                           "lm_head_params": model.lm_head.weight.numel(),
+                           "lm_head_over_layer": round(model.lm_head.weight.numel() / layer_params, 3)},
         "command": results.command_line(),
-        "recipe": OmegaConf.to_container(e, resolve=True),
+        "recipe": recipe,
         "seed": cfg.seed,
         "data": {**stories.files, **books.files},
         "validation": {"file": data.TINYSTORIES_VALID, "sha256": valid.files[data.TINYSTORIES_VALID],
-                       "stories": len(final_stories), "val_ppl": round(final_ppl, 3)},
-        "steps": steps_done, "steps_planned": e.steps, "skipped_nonfinite_steps": skipped,
-        "tokens_seen": steps_done * e.batch_size * e.seq_len,
+                       "stories": len(final_stories), "val_ppl": round(final_ppl, 3),
+                       "val_bits_per_byte": round(final_bpb, 4)},
+        "steps": steps_done, "steps_planned": e.steps, "stopped_early": stopped_early,
+        "skipped_nonfinite_steps": state["skipped"], "resumed_at_steps": state["resumed_at"],
+        "tokens_seen": steps_done * tokens_per_step,
         "train_tokens_available": {k: int(v.numel()) for k, v in streams.items()},
-        "train_seconds": round(train_s, 1), "threads": torch.get_num_threads(),
+        "train_seconds": round(state["train_seconds"], 1), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "saved_dtype": e.save_dtype,
-        "val_curve": evals,
+        "val_curve": state["evals"],
         "samples": card_samples,
-        "loss_curve": curve[:: max(1, len(curve) // 200)] + curve[-1:],
+        "loss_curve": state["curve"][:: max(1, len(state["curve"]) // 200)] + state["curve"][-1:],
     }
     out = project_path(e.out_dir)
     with atomic_dir(out) as tmp:
@@ -158,9 +267,14 @@ def run(cfg) -> dict:
         tokenizer.save_pretrained(tmp)
         (tmp / "model_card.json").write_text(json.dumps(card, indent=1))
         (tmp / "MODEL_CARD.md").write_text(_card_markdown(card))
-    print(f"saved {out}  (val ppl {final_ppl:.1f} on {len(final_stories)} stories, "
-          f"{steps_done} steps, {train_s / 60:.1f} min)")
+    print(f"saved {out}  (val {final_bpb:.4f} bits/byte, ppl {final_ppl:.1f} on {len(final_stories)} "
+          f"stories, {steps_done} steps, {state['train_seconds'] / 60:.1f} min)", flush=True)
     return card
+
+
+def _as_rng_state(st):
+    """random.setstate needs tuples; a state that went through torch.save may hold lists."""
+    return (st[0], tuple(st[1]), st[2])
 
 
 SAMPLE_PROMPTS = ["Once upon a time, there was a little girl named Lily. She",
@@ -198,21 +312,50 @@ def _loss(model, b: torch.Tensor) -> torch.Tensor:
 
 
 def _card_markdown(card: dict) -> str:
+    c = card["config"]
+    v = card["validation"]
+    cost = card.get("cost_structure", {})
+    attn = ("full multi-head attention" if c["num_key_value_heads"] == c["num_attention_heads"]
+            else f"grouped-query attention {c['num_attention_heads']}/{c['num_key_value_heads']}")
     lines = [
         "# tiny — specee's embedded reference model", "",
-        f"A {card['config']['num_hidden_layers']}-layer Llama-architecture causal LM "
-        f"({card['parameters'] / 1e6:.1f} M parameters, width {card['config']['hidden_size']}, "
-        f"vocab {card['config']['vocab_size']} byte-level BPE), trained from scratch by specee on "
-        "TinyStories and public-domain children's books. It exists so that every code path runs "
-        "on a CPU without a model hub; it is not a useful assistant.", "",
+        f"A {c['num_hidden_layers']}-layer Llama-architecture causal LM "
+        f"({card['parameters'] / 1e6:.1f} M parameters, width {c['hidden_size']}, MLP "
+        f"{c['intermediate_size']}, {attn}, vocab {c['vocab_size']} byte-level BPE), trained from "
+        "scratch by specee on TinyStories and public-domain children's books. It exists so that every "
+        "code path runs on a CPU without a model hub; it is not a useful assistant.", "",
         f"- command: `{card['command']}` (seed {card['seed']})",
         f"- steps: {card['steps']} of {card['steps_planned']} planned, tokens seen: {card['tokens_seen']:,}, "
-        f"train time {card['train_seconds'] / 60:.1f} min on {card['threads']} CPU threads",
-        f"- validation perplexity: **{card['validation']['val_ppl']}** on the first "
-        f"{card['validation']['stories']} stories of `{card['validation']['file']}`",
+        f"train time {card['train_seconds'] / 60:.1f} min on {card['threads']} CPU threads"
+        + (f" (resumed at steps {card['resumed_at_steps']})" if card.get("resumed_at_steps") else ""),
+        f"- validation on the first {v['stories']} stories of `{v['file']}`: "
+        + (f"**{v['val_bits_per_byte']} bits per byte** (tokenizer-independent), " if "val_bits_per_byte" in v else "")
+        + f"token perplexity {v['val_ppl']} (depends on the vocabulary: compare bits per byte across models)",
         f"- weights saved as {card['saved_dtype']} safetensors", "",
-        "## Validation perplexity during training", "", "| step | val ppl |", "|---|---|",
-        *[f"| {r['step']} | {r['val_ppl']} |" for r in card["val_curve"]], "",
+    ]
+    if cost:
+        lines += [
+            "## Cost structure", "",
+            f"One decoder layer holds {cost['params_per_layer']:,} parameters and the LM head "
+            f"{cost['lm_head_params']:,}: the LM head is **{cost['lm_head_over_layer']} layers' worth** "
+            "(Llama-2-7B: 32000 × 4096 = 131 M against 202 M per layer, 0.65). SpecEE's costs are "
+            "priced in that unit: every exit verification is one full LM-head pass and every EAGLE "
+            "draft step about one layer plus one LM head, so a miniature whose head is several "
+            "layers' worth (the first tiny: 8192 × 192, 4.0) turns every early exit into a loss. "
+            "The vocabulary is sized to keep this ratio near Llama-2-7B's.", "",
+            "What the miniature preserves: depth (exit layers are read as fractions of the same "
+            "32-layer stack as Llama-2-7B, so the paper's scheduling settings — offline M, window, "
+            "N — apply unscaled), attention type (full multi-head, as Llama-2-7B/13B), MLP ratio "
+            "(≈ 2.7 × hidden), RMSNorm, RoPE, untied embeddings, and the LM-head-to-layer cost ratio. "
+            "What it does not: scale (width 192, not 4096: on a CPU per-op overheads, not FLOPs, set "
+            "the speed), training data (TinyStories and children's books, no chat tuning), and any "
+            "emergent behaviour of large models — its exit-layer distribution and context similarity "
+            "are measured, not assumed to match Llama-2's.", "",
+        ]
+    curve_key = "val_bpb" if card["val_curve"] and "val_bpb" in card["val_curve"][0] else "val_ppl"
+    lines += [
+        "## Validation during training", "", f"| step | {curve_key} |", "|---|---|",
+        *[f"| {r['step']} | {r[curve_key]} |" for r in card["val_curve"]], "",
         "## Greedy samples", "",
         *[f"- *{r['prompt']}* → {r['greedy_continuation']!r}" for r in card.get("samples", [])], "",
         "## Training data (sha256)", "",

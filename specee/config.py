@@ -70,7 +70,15 @@ class AblationConfig:
 @dataclass
 class DatasetConfig:
     name: str = MISSING
-    source: str = "spec_bench"  # spec_bench | mt_bench | gsm8k | humaneval | alpaca
+    source: str = "spec_bench"  # spec_bench | mt_bench | gsm8k | humaneval | alpaca | jsonl | hf
+    # Your own prompts (source jsonl | hf): a JSONL file, or a datasets folder / hub id (hf).
+    path: Optional[str] = None
+    field: Optional[str] = None  # key holding the prompt text (or a list of user turns)
+    turns_field: Optional[str] = None  # key holding a list of user turns (multi-turn)
+    category_field: Optional[str] = None  # key grouping prompts into categories (reports)
+    id_field: Optional[str] = None  # key of a stable prompt id (default: the row number)
+    split: str = "train"  # hf: the split to read
+    allow_hub: bool = False  # hf: only with allow_hub=true may `path` be a hub id (a download)
     categories: Optional[list[str]] = None
     count: int = 2  # spec_bench: prompts per category; others: prompts in all
     offset: int = 0
@@ -90,15 +98,16 @@ class SpeedExperiment:
 class TrainBaseExperiment:
     _target_: str = "experiments.train_base.run"
     out_dir: str = "${paths.artifacts}/tiny"
-    vocab_size: int = 8192
+    # Llama-2-7B proportions: 32 layers, full MHA, MLP ~2.7x, LM head ~0.67 of a layer (1536 x 192)
+    vocab_size: int = 1536
     hidden_size: int = 192
     intermediate_size: int = 512
-    num_layers: int = 24
+    num_layers: int = 32
     num_heads: int = 6
-    num_kv_heads: int = 2
+    num_kv_heads: int = 6
     seq_len: int = 256
     batch_size: int = 8
-    steps: int = 1400
+    steps: int = 1900
     lr: float = 6e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 200
@@ -111,6 +120,9 @@ class TrainBaseExperiment:
     max_skipped_steps: int = 10  # non-finite batches tolerated (skipped) before giving up
     max_minutes: Optional[float] = None  # stop early (and say so in the card) after this long
     save_dtype: str = "bfloat16"
+    checkpoint_dir: str = "runs/checkpoints/train_base/${model.name}"  # resume point
+    checkpoint_minutes: float = 5.0  # 0 = no checkpoints
+    log_every: int = 10  # steps between progress lines
 
 
 @dataclass
@@ -214,12 +226,15 @@ class AccuracyExperiment:
     baseline: str = "specee/evaluation/baselines/${model.name}.json"
     update_baseline: bool = False  # evaluate twice, write this ablation's entries
     check_baseline: bool = False  # compare with the baseline; exit 2 on drift
+    include_path: Optional[str] = None  # a folder of your own lm-eval task YAMLs
+    task_source: str = "shipped"  # shipped (offline) | lm_eval (also lm-eval's registry: network or HF cache)
 
 
 @dataclass
 class PathsConfig:
-    # Relative paths resolve against the project root (the folder holding run.py).
-    data_root: str = "${oc.env:SPECEE_DATA_ROOT,../shared/data}"
+    # Relative paths resolve against the project root (the folder holding run.py). The default is
+    # the evaluation data shipped in the repository; retraining tiny needs a fuller data root.
+    data_root: str = "${oc.env:SPECEE_DATA_ROOT,data}"
     artifacts: str = "specee/artifacts"
 
 
@@ -297,3 +312,25 @@ def validate(cfg) -> None:
         raise SpeceeError(f"early_exit.kv_policy={cfg.early_exit.kv_policy!r} is unknown; valid: holes, propagate")
     if cfg.early_exit.k < 1:
         raise SpeceeError("early_exit.k must be >= 1")
+    _validate_dataset(cfg.dataset)
+    if cfg.experiment._target_ == "experiments.accuracy.run" and cfg.experiment.task_source not in ("shipped", "lm_eval"):
+        raise SpeceeError(f"experiment.task_source={cfg.experiment.task_source!r} is unknown; valid: shipped, lm_eval")
+
+
+_PROMPT_SOURCES = ("spec_bench", "mt_bench", "gsm8k", "humaneval", "alpaca", "jsonl", "hf")
+
+
+def _validate_dataset(d) -> None:
+    if d.source not in _PROMPT_SOURCES:
+        raise SpeceeError(f"dataset.source={d.source!r} is unknown; valid: {', '.join(_PROMPT_SOURCES)}")
+    if d.source in ("jsonl", "hf"):
+        if not d.path:
+            raise SpeceeError(f"dataset={d.name} needs dataset.path="
+                              + ("FILE.jsonl" if d.source == "jsonl" else "DATASET_DIR (or a hub id with dataset.allow_hub=true)"))
+        if not (d.field or d.turns_field):
+            raise SpeceeError(f"dataset={d.name} needs dataset.field=KEY (the prompt text) "
+                              "or dataset.turns_field=KEY (a list of user turns)")
+    if d.count < 0 or d.offset < 0:
+        raise SpeceeError("dataset.count and dataset.offset must be >= 0 (count 0 = all prompts)")
+    if d.turns < 1:
+        raise SpeceeError("dataset.turns must be >= 1")

@@ -1,8 +1,9 @@
-"""Read the shared corpora and prompt sets from the configurable data root.
+"""Read the corpora and prompt sets from the configurable data root.
 
-Nothing here copies data into the repository: every reader takes the data root
-(``paths.data_root`` in the config) and fails with one message naming that key
-when a file is missing.
+Every reader takes the data root (``paths.data_root``; default: the evaluation data shipped in the
+repository's ``data/``) and fails with one message naming that key when a file is missing. Files
+needed only to retrain `tiny` and its draft head are not shipped; their message says where they
+come from.
 """
 from __future__ import annotations
 
@@ -16,18 +17,35 @@ from specee.errors import SpeceeError
 
 TINYSTORIES_TRAIN = "tinystories/tinystories_train_prefix_unsegmented.txt"
 TINYSTORIES_VALID = "tinystories/tinystories_valid_prefix_first500.txt"
+TINYSTORIES_CONTINUATION = "tinystories/tinystories_valid_prefix_continuation_unsegmented.txt"
+# The tinystories files the repository ships (validation and calibration, not training).
+SHIPPED = {TINYSTORIES_VALID, TINYSTORIES_CONTINUATION}
 BOOKS_DIR = "children_books_pg"
 SPEC_BENCH = "spec_bench/question.jsonl"
 MT_BENCH = "mt_bench/question.jsonl"
 EOT = "<|endoftext|>"
 
 
+# Training corpora that stay outside the repository: (folder, what needs it, where it comes from).
+TRAINING_ONLY = {
+    "tinystories": ("training tiny and its draft head",
+                    "the first ~1,000 stories of the TinyStories train split (HF roneneldan/TinyStories, "
+                    "CDLA-Sharing-1.0) as one text file"),
+    "children_books_pg": ("training tiny", "public-domain children's books from Project Gutenberg, "
+                          "header/footer stripped (see the model card for the file list and sha256)"),
+    "gpteacher": ("training the tiny draft head", "teknium1/GPTeacher (MIT)"),
+    "dolly_sample": ("training the tiny draft head", "a 151-row sample of databricks-dolly-15k (CC BY-SA 3.0)"),
+    "alpaca_gpt4_demo": ("training the tiny draft head and dataset=alpaca",
+                         "LLaMA-Factory's alpaca_en_demo.json (Alpaca-GPT4, CC BY-NC 4.0: not redistributed)"),
+}
+
+
 def data_root(path: str | Path) -> Path:
     root = Path(path).expanduser().resolve()
     if not root.is_dir():
         raise SpeceeError(
-            f"data root {root} does not exist; set paths.data_root=/path/to/shared/data "
-            "(the folder holding tinystories/, spec_bench/, ...)"
+            f"data root {root} does not exist; set paths.data_root=/path/to/data (or SPECEE_DATA_ROOT), "
+            "a folder laid out like the repository's data/ (spec_bench/, boolq/, tinystories/, ...)"
         )
     return root
 
@@ -35,6 +53,11 @@ def data_root(path: str | Path) -> Path:
 def data_file(root: str | Path, rel: str) -> Path:
     path = data_root(root) / rel
     if not path.is_file():
+        need = TRAINING_ONLY.get(rel.split("/")[0])
+        if need and (rel not in SHIPPED):
+            raise SpeceeError(
+                f"missing data file {path}: it is needed only for {need[0]} and is not shipped in the "
+                f"repository; get {need[1]} and set paths.data_root to a folder holding {rel}")
         raise SpeceeError(f"missing data file {path}; check paths.data_root (expected {rel} under it)")
     return path
 
@@ -92,7 +115,10 @@ def children_books(root) -> Corpus:
     folder = data_root(root) / BOOKS_DIR
     files = sorted(folder.glob("pg*.txt"))
     if not files:
-        raise SpeceeError(f"no pg*.txt books under {folder}; check paths.data_root")
+        need = TRAINING_ONLY[BOOKS_DIR]
+        raise SpeceeError(f"no pg*.txt books under {folder}: they are needed only for {need[0]} and are "
+                          f"not shipped in the repository; get {need[1]} and set paths.data_root to a "
+                          f"folder holding {BOOKS_DIR}/")
     docs, shas = [], {}
     for f in files:
         docs.append(unwrap_paragraphs(f.read_text(encoding="utf-8")))
@@ -139,7 +165,6 @@ INSTRUCTION_FILES = {
     "dolly_sample": "dolly_sample/dolly_151.jsonl",
     "alpaca_gpt4_demo": "alpaca_gpt4_demo/alpaca_en_demo.json",
 }
-TINYSTORIES_CONTINUATION = "tinystories/tinystories_valid_prefix_continuation_unsegmented.txt"
 
 
 def instruction_pairs(root, sources: list[str] | None = None) -> tuple[list[tuple[str, str]], dict]:
@@ -180,7 +205,7 @@ def calibration_prompts(root, c) -> tuple[list[Prompt], dict]:
     return spec + stories, files
 
 
-SOURCES = ("spec_bench", "mt_bench", "gsm8k", "humaneval", "alpaca")
+SOURCES = ("spec_bench", "mt_bench", "gsm8k", "humaneval", "alpaca", "jsonl", "hf")
 
 
 def _jsonl(root, rel) -> list[dict]:
@@ -206,9 +231,95 @@ def load_prompt_set(root, d) -> list[Prompt]:
     elif d.source == "alpaca":
         pairs, _ = instruction_pairs(root, ["alpaca_gpt4_demo"])
         prompts = [Prompt(f"alpaca{i}", "alpaca", [p]) for i, (p, _) in enumerate(pairs)]
+    elif d.source == "jsonl":
+        prompts = user_jsonl_prompts(d)
+    elif d.source == "hf":
+        prompts = user_hf_prompts(d)
     else:
         raise SpeceeError(f"dataset.source={d.source!r} is unknown; valid: {', '.join(SOURCES)}")
     prompts = prompts[d.offset:d.offset + d.count] if d.count else prompts[d.offset:]
     if not prompts:
         raise SpeceeError("the prompt selection is empty; check dataset.categories / count / offset")
+    return prompts
+
+
+def _row_prompt(row, d, where: str, index: int) -> Prompt:
+    """One user row -> Prompt; ``where`` names the row (file:line) in every error."""
+    if not isinstance(row, dict):
+        raise SpeceeError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if d.turns_field:
+        if d.turns_field not in row:
+            raise SpeceeError(f"{where}: no key {d.turns_field!r} (dataset.turns_field); keys: {sorted(row)}")
+        turns = row[d.turns_field]
+        if isinstance(turns, str):
+            turns = [turns]
+    else:
+        if d.field not in row:
+            raise SpeceeError(f"{where}: no key {d.field!r} (dataset.field); keys: {sorted(row)}")
+        turns = row[d.field]
+        turns = [turns] if isinstance(turns, str) else turns
+    if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
+        raise SpeceeError(f"{where}: the prompt must be a non-empty string or a list of non-empty strings")
+    category = "all"
+    if d.category_field:
+        if d.category_field not in row:
+            raise SpeceeError(f"{where}: no key {d.category_field!r} (dataset.category_field)")
+        category = str(row[d.category_field])
+    pid = str(row[d.id_field]) if d.id_field and d.id_field in row else f"{d.name}{index}"
+    if d.id_field and d.id_field not in row:
+        raise SpeceeError(f"{where}: no key {d.id_field!r} (dataset.id_field)")
+    return Prompt(pid, category, turns)
+
+
+def user_jsonl_prompts(d) -> list[Prompt]:
+    """A JSONL file of prompts in any shape (``dataset=jsonl dataset.path=FILE dataset.field=KEY``)."""
+    from specee.io import project_path
+    path = project_path(d.path)
+    if not path.is_file():
+        raise SpeceeError(f"dataset.path={d.path}: no such file ({path})")
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise SpeceeError(f"{path}:{line_no}: not valid JSON ({err.msg}); fix or remove that line") from None
+            prompts.append(_row_prompt(row, d, f"{path}:{line_no}", len(prompts)))
+    if not prompts:
+        raise SpeceeError(f"dataset.path={d.path} holds no prompts")
+    return prompts
+
+
+def user_hf_prompts(d) -> list[Prompt]:
+    """A local datasets folder (``save_to_disk`` output, or data files ``load_dataset`` reads) or,
+    with ``dataset.allow_hub=true``, a hub id (``dataset=hf dataset.path=... dataset.field=...``)."""
+    import os
+
+    from specee.io import project_path
+    local = project_path(d.path)
+    if not local.exists() and not d.allow_hub:
+        raise SpeceeError(f"dataset.path={d.path} is not a local folder ({local} does not exist); "
+                          "set dataset.allow_hub=true to let the datasets library download a hub dataset")
+    if not d.allow_hub:
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+    import datasets
+    try:
+        if local.is_dir() and ((local / "state.json").is_file() or (local / "dataset_dict.json").is_file()):
+            ds = datasets.load_from_disk(str(local))
+            if isinstance(ds, datasets.DatasetDict):
+                if d.split not in ds:
+                    raise SpeceeError(f"dataset.split={d.split} is not in {local}; splits: {sorted(ds)}")
+                ds = ds[d.split]
+        else:
+            ds = datasets.load_dataset(str(local) if local.exists() else d.path, split=d.split)
+    except SpeceeError:
+        raise
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; one message for all
+        raise SpeceeError(f"dataset.path={d.path} (split {d.split}) cannot be read by datasets: "
+                          f"{type(err).__name__}: {err}") from None
+    prompts = [_row_prompt(row, d, f"{d.path} [{d.split}] row {i}", i) for i, row in enumerate(ds)]
+    if not prompts:
+        raise SpeceeError(f"dataset.path={d.path} (split {d.split}) holds no prompts")
     return prompts

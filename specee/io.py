@@ -22,6 +22,7 @@ def write_json_atomic(path: str | os.PathLike, obj) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1, default=str)
             f.flush()
@@ -32,6 +33,12 @@ def write_json_atomic(path: str | os.PathLike, obj) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager

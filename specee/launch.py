@@ -1,6 +1,8 @@
 """Dispatch a composed config to its experiment recipe."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
@@ -9,6 +11,37 @@ from specee.config import validate
 from specee.data import data_root
 from specee.io import project_path
 from specee.errors import SpeceeError
+
+
+class _Tee:
+    """Write a stream's output to the terminal and to the job's run.log (a failed sweep job
+    must leave a record of why)."""
+
+    def __init__(self, stream, log):
+        self._stream, self._log = stream, log
+
+    def write(self, text):
+        self._log.write(text)
+        self._log.flush()
+        return self._stream.write(text)
+
+    def flush(self):
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def tee_output_to_run_log() -> None:
+    import sys
+    from hydra.core.hydra_config import HydraConfig
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # not under hydra.main (a library call)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "run.log", "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives for the process
+    sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)
 
 
 def run_experiment(cfg: DictConfig):

@@ -7,7 +7,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "specee" / "artifacts" / "tiny"
-DATA_ROOT = (ROOT / os.environ.get("SPECEE_DATA_ROOT", "../shared/data")).resolve()
+# The evaluation data shipped in the repository (the default paths.data_root), or SPECEE_DATA_ROOT.
+DATA_ROOT = (ROOT / os.environ.get("SPECEE_DATA_ROOT", "data")).resolve()
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -45,3 +46,31 @@ def run_cli(*args, timeout=900):
     return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="session")
+def train_data_root(tmp_path_factory):
+    """A data root for the micro training recipes in a fresh clone, where the training corpora are
+    not shipped: the shipped data plus STAND-IN training files cut from shipped held-out text and
+    prompts (test fixtures only; they exercise the recipes' code paths, not model quality)."""
+    import json
+    import shutil
+    from specee import data
+    root = tmp_path_factory.mktemp("train_data_root")
+    shutil.copytree(ROOT / "data", root, dirs_exist_ok=True)
+    stories = (ROOT / "data" / data.TINYSTORIES_CONTINUATION).read_text(encoding="utf-8")
+    (root / data.TINYSTORIES_TRAIN).write_text(stories[: len(stories) // 2], encoding="utf-8")
+    (root / data.BOOKS_DIR).mkdir()
+    (root / data.BOOKS_DIR / "pg0_stand_in.txt").write_text(stories[len(stories) // 2:], encoding="utf-8")
+    rows = [json.loads(l) for l in (ROOT / "data" / data.SPEC_BENCH).read_text(encoding="utf-8").splitlines()]
+    paras = [p for p in stories.split("\n\n") if p.strip()]
+    pairs = [(r["turns"][0], paras[i % len(paras)]) for i, r in enumerate(rows[:60])]
+    for name, rel in data.INSTRUCTION_FILES.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".jsonl"):
+            path.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in pairs))
+        else:
+            key = "output" if name.startswith("alpaca") else "response"
+            path.write_text(json.dumps([{"instruction": p, "input": "", key: a} for p, a in pairs]))
+    return root

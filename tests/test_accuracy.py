@@ -18,7 +18,7 @@ from specee.evaluation.lm import SpeceeLM
 from specee.runtime import LayerwiseLM
 
 os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-DATA = Path(os.environ.get("SPECEE_DATA_ROOT", ROOT.parent / "shared" / "data")).resolve()
+DATA = (ROOT / os.environ.get("SPECEE_DATA_ROOT", "data")).resolve()
 TINY_BASELINE = ROOT / "specee" / "evaluation" / "baselines" / "tiny.json"
 QUIET = ["threads=1"]
 

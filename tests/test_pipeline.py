@@ -13,9 +13,9 @@ MICRO_BASE = ["experiment.vocab_size=512", "experiment.hidden_size=32", "experim
 
 
 @pytest.fixture(scope="module")
-def micro(tmp_path_factory):
+def micro(tmp_path_factory, train_data_root):
     root = tmp_path_factory.mktemp("micro")
-    art = {"model.path": root / "base", "draft.path": root / "draft",
+    art = {"paths.data_root": train_data_root, "model.path": root / "base", "draft.path": root / "draft",
            "early_exit.predictors_path": root / "pred", "early_exit.adainfer_path": root / "ada",
            "placement.profile_path": root / "profile"}
     paths = [f"{k}={v}" for k, v in art.items()]

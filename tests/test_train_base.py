@@ -3,9 +3,10 @@ import json
 from conftest import run_cli
 
 
-def test_micro_training_recipe_lowers_loss_and_writes_a_loadable_artifact(tmp_path):
+def test_micro_training_recipe_lowers_loss_and_writes_a_loadable_artifact(tmp_path, train_data_root):
     out = tmp_path / "tiny_micro"
-    res = run_cli("experiment=train_base", f"experiment.out_dir={out}", "experiment.vocab_size=512",
+    res = run_cli("experiment=train_base", f"experiment.out_dir={out}", f"paths.data_root={train_data_root}",
+                  f"experiment.checkpoint_dir={tmp_path / 'ckpt'}", "experiment.vocab_size=512",
                   "experiment.hidden_size=32", "experiment.intermediate_size=64",
                   "experiment.num_layers=2", "experiment.num_heads=2", "experiment.num_kv_heads=1",
                   "experiment.seq_len=32", "experiment.batch_size=8", "experiment.steps=60",

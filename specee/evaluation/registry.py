@@ -1,9 +1,11 @@
-"""The tasks shipped in ``tasks/*.yaml`` and their materialisation for one data root.
+"""The tasks shipped in ``tasks/*.yaml``, the user's own task YAMLs, and lm-eval's registry.
 
 A repo YAML names its data file relative to ``paths.data_root``; lm-eval needs absolute
 paths, so each run writes a one-line-per-key wrapper (``include:`` the repo YAML, then
-absolute ``data_files``) into a folder that ``TaskManager(include_path=...,
-include_defaults=False)`` scans — built-in and hub tasks are never consulted.
+absolute ``data_files``) into a folder that lm-eval's ``TaskManager`` scans. By default
+(``experiment.task_source=shipped``) only those and the user's ``experiment.include_path``
+YAMLs are visible; ``task_source=lm_eval`` adds lm-eval's own registry (its tasks download
+their datasets unless the HF cache already holds them).
 """
 from __future__ import annotations
 
@@ -56,12 +58,46 @@ def write_task_configs(names, data_root: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def task_manager(names, data_root: Path, out_dir: Path):
+def task_manager(names, data_root: Path, out_dir: Path, include_path: Path | None = None,
+                 task_source: str = "shipped"):
+    """A TaskManager that sees the shipped tasks among ``names`` (made absolute for ``data_root``),
+    the YAMLs under ``include_path`` and, with ``task_source=lm_eval``, lm-eval's own tasks.
+    Every name must resolve: unknown ones are one error listing what is available."""
     from lm_eval.tasks import TaskManager
-    return TaskManager(include_path=str(write_task_configs(names, data_root, out_dir)),
-                       include_defaults=False)
+    names = list(names)
+    if not names:
+        raise SpeceeError("experiment.tasks is empty; name at least one task")
+    # With task_source=lm_eval every name means lm-eval's task (its hellaswag, not the shipped one).
+    shipped = [n for n in names if n in available()] if task_source == "shipped" else []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_task_configs(shipped, data_root, out_dir) if shipped else None
+    paths = [str(out_dir)]
+    if include_path is not None:
+        if not include_path.is_dir():
+            raise SpeceeError(f"experiment.include_path={include_path} is not a folder of task YAMLs")
+        paths.append(str(include_path))
+    tm = TaskManager(include_path=paths, include_defaults=(task_source == "lm_eval"))
+    unknown = [n for n in names if n not in tm.all_tasks]
+    if unknown:
+        user = sorted(set(tm.all_tasks) - set(available()))
+        hint = ("" if task_source == "lm_eval" else
+                "; lm-eval's own tasks (hellaswag, mmlu, ...) need experiment.task_source=lm_eval")
+        raise SpeceeError(f"experiment.tasks has unknown task(s) {unknown}; shipped: {', '.join(available())}"
+                          + (f"; from experiment.include_path: {', '.join(user[:20])}" if include_path and user else "")
+                          + hint)
+    return tm
 
 
-def primary_metric(name: str) -> str:
-    """lm-eval result key (``metric,filter``) that the task reports as its accuracy."""
-    return _repo_config(name)["metadata"]["primary_metric"]
+def primary_metric(name: str, results: dict | None = None, task_source: str = "shipped") -> str:
+    """lm-eval result key (``metric,filter``) that the task reports as its accuracy: the shipped
+    YAML's ``metadata.primary_metric``; for other tasks ``acc``, ``exact_match``, else the first."""
+    if task_source == "shipped" and name in available():
+        return _repo_config(name)["metadata"]["primary_metric"]
+    keys = [k for k in (results or {}) if "," in k and "_stderr" not in k]
+    for prefer in ("acc,", "exact_match,"):
+        for k in keys:
+            if k.startswith(prefer):
+                return k
+    if not keys:
+        raise SpeceeError(f"task {name} reported no metric")
+    return keys[0]
