@@ -25,7 +25,7 @@ class ModelConfig:
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (device_map="auto", multi-GPU)
     # Only with allow_hub=true may `path` be a hub id; the default refuses any download.
     allow_hub: bool = False
-    chat_template: str = "plain"  # plain | llama2_chat | vicuna
+    chat_template: str = "plain"  # plain | llama2_chat | vicuna | mistral_inst | chatml
     trust_remote_code: bool = False
 
 
@@ -283,9 +283,10 @@ def register() -> None:
 
 def validate(cfg) -> None:
     """Rules across groups; each message says what to change."""
-    if cfg.model.chat_template not in ("plain", "llama2_chat", "vicuna"):
+    from specee.prompts import TEMPLATES
+    if cfg.model.chat_template not in TEMPLATES:
         raise SpeceeError(
-            f"model.chat_template={cfg.model.chat_template!r} is unknown; valid: plain, llama2_chat, vicuna"
+            f"model.chat_template={cfg.model.chat_template!r} is unknown; valid: {', '.join(TEMPLATES)}"
         )
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise SpeceeError(f"model.dtype={cfg.model.dtype!r} is unknown; valid: float32, bfloat16, float16")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from specee.errors import SpeceeError
 
 LLAMA2_SYSTEM = ("You are a helpful, respectful and honest assistant.")
+CHATML_SYSTEM = "You are a helpful assistant."
 VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
                  "The assistant gives helpful, detailed, and polite answers to the user's questions.")
 
@@ -33,4 +34,21 @@ def format_conversation(template: str, turns: list[tuple[str, str | None]]) -> s
             if reply is not None:
                 out += f" {reply.strip()}</s>"
         return out
-    raise SpeceeError(f"chat template {template!r} is unknown; valid: plain, llama2_chat, vicuna")
+    if template == "mistral_inst":  # Mistral-7B-Instruct: [INST] without a system block
+        out = ""
+        for user, reply in turns:
+            out += f"[INST] {user.strip()} [/INST]"
+            if reply is not None:
+                out += f" {reply.strip()}</s>"
+        return out
+    if template == "chatml":  # Qwen2-Instruct
+        out = f"<|im_start|>system\n{CHATML_SYSTEM}<|im_end|>\n"
+        for user, reply in turns:
+            out += f"<|im_start|>user\n{user.strip()}<|im_end|>\n<|im_start|>assistant\n"
+            if reply is not None:
+                out += f"{reply.strip()}<|im_end|>\n"
+        return out
+    raise SpeceeError(f"chat template {template!r} is unknown; valid: {', '.join(TEMPLATES)}")
+
+
+TEMPLATES = ("plain", "llama2_chat", "vicuna", "mistral_inst", "chatml")

@@ -153,3 +153,26 @@ def test_unknown_task_points_at_lm_eval_switch(tmp_path):
     res = run_cli("experiment=accuracy", "experiment.tasks=[mmlu]", f"hydra.run.dir={tmp_path}")
     assert res.returncode == 2 and "experiment.task_source=lm_eval" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("model,arch,marker", [("qwen2_7b", "qwen2", "<|im_start|>user"),
+                                               ("mistral_7b", "mistral", "[INST] ")])
+def test_own_checkpoint_through_a_model_config(tmp_path, model, arch, marker):
+    """A local HF folder of a Qwen2 / Mistral architecture runs through model=<config> model.path=...
+    (random weights at toy size, saved with tiny's tokenizer: the path a user's checkpoint takes)."""
+    from transformers import AutoTokenizer
+    from conftest import TINY, random_lm
+    from specee.prompts import format_conversation
+    lm = random_lm(arch, layers=3)
+    tok = AutoTokenizer.from_pretrained(TINY)
+    lm.resize_token_embeddings(len(tok))
+    lm.config.eos_token_id = tok.eos_token_id
+    lm.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    res = run_cli("experiment=speed", f"model={model}", f"model.path={tmp_path / 'ckpt'}", "model.device=cpu",
+                  "model.dtype=float32", "dataset.categories=[writing]", "dataset.max_new_tokens=6",
+                  "threads=1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["metrics"]["match_rate_vs_dense"] == 1.0 and doc["chat_template"] == doc["config"]["model"]["chat_template"]
+    assert marker in format_conversation(doc["chat_template"], [("hi", None)])
