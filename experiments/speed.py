@@ -44,15 +44,19 @@ def prompt_encoder(tokenizer, rt, max_new_tokens: int):
     return encode, truncated
 
 
-def early_exit_metrics(gens, m: dict) -> dict:
-    """Where the early-exit modes spend their time, from the per-token traces."""
+def early_exit_metrics(gens, m: dict, split_gens=None, split_method: str | None = None) -> dict:
+    """Where the early-exit modes spend their time, from the per-step traces. Counters come from
+    the timed pass ``gens``; the phase split from ``split_gens`` (default: the same pass — right on
+    a CPU; on CUDA a separate synchronized profiling pass)."""
     trace = [t for g in gens for t in g.trace]
     if not trace:
         return {}
-    decode_s = m["decode_s"]
-    t_pred = sum(t["t_pred"] for t in trace)
-    t_verify = sum(t["t_verify"] for t in trace)
-    t_draft = sum(t["t_draft"] for t in trace)
+    split_gens = split_gens if split_gens is not None else gens
+    split = [t for g in split_gens for t in g.trace]
+    split_decode_s = sum(g.decode_s for g in split_gens)
+    phase = {k: sum(t.get(key, 0.0) for t in split) for k, key in (
+        ("layers", "t_layers"), ("predictors", "t_pred"), ("verification", "t_verify"),
+        ("draft", "t_draft"), ("other", "t_other"))}
     n = len(trace)
     # Tree modes trace one entry per verification step, which may emit several tokens.
     tokens = sum(t.get("emitted", 1) for t in trace)
@@ -60,15 +64,19 @@ def early_exit_metrics(gens, m: dict) -> dict:
     if any("emitted" in t for t in trace):
         per_step = {"verification_steps": n,
                     "predictor_calls_per_step": sum(t["pred_calls"] for t in trace) / n}
+    measured = sum(phase.values()) > 0
     return {
         **per_step,
         "predictor_calls_per_token": sum(t["pred_calls"] for t in trace) / tokens,
         "verify_calls_per_token": sum(t["verify_calls"] for t in trace) / tokens,
+        "syncs_per_token": sum(t.get("syncs", 0) for t in trace) / tokens,
         "exit_rate": sum(t["exit_layer"] < m["num_layers"] - 1 for t in trace) / n,
-        "overhead_share": (t_pred + t_verify) / decode_s,
-        "draft_share": t_draft / decode_s,
-        "time_split_s": {"layers": sum(t["t_layers"] for t in trace), "predictors": t_pred,
-                         "verification": t_verify, "draft": t_draft, "decode_total": decode_s},
+        "overhead_share": (phase["predictors"] + phase["verification"]) / split_decode_s if measured else None,
+        "draft_share": phase["draft"] / split_decode_s if measured else None,
+        "time_split_s": {**phase, "decode_total": split_decode_s},
+        "time_split_method": split_method,
+        # Phases are contiguous laps of each step, so they should account for (nearly) all of it.
+        "time_split_coverage": sum(phase.values()) / split_decode_s if measured else None,
         "efficiency": m["speedup_vs_dense"] / (m["num_layers"] / m["avg_layers"]),
     }
 
@@ -145,7 +153,13 @@ def run(cfg) -> dict:
     m["dense"] = d
     m["energy"] = meters["mode"].summary(m["generated_tokens"])
     d["energy"] = meters["dense"].summary(d["generated_tokens"])
-    m.update(early_exit_metrics(mode_gens, m))
+    split_gens, method = mode_gens, decoder.timer().method
+    if rt.device.type == "cuda" and any(g.trace for g in mode_gens):
+        # The timed pass read no phase boundaries; a synchronized pass bills each phase its GPU time.
+        profiler = build_decoder(cfg, rt, profile_phases=True)
+        split_gens = [profiler.generate(encode(p["text"]), n_new, eos) for p in prompts]
+        method = profiler.timer().method
+    m.update(early_exit_metrics(mode_gens, m, split_gens, method))
     if any("accepted" in t for g in mode_gens for t in g.trace):
         from specee.decoding.tree import mean_accepted_length
         m["mean_accepted_length"] = mean_accepted_length(mode_gens)

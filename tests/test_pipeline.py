@@ -20,6 +20,7 @@ def micro(tmp_path_factory, train_data_root):
            "placement.profile_path": root / "profile"}
     paths = [f"{k}={v}" for k, v in art.items()]
     res = run_cli("experiment=train_base", f"experiment.out_dir={art['model.path']}", *MICRO_BASE,
+                  f"paths.data_root={train_data_root}", f"experiment.checkpoint_dir={root / 'ckpt'}",
                   f"hydra.run.dir={root / 'r1'}")
     assert res.returncode == 0, res.stderr[-2000:]
     res = run_cli("experiment=train_draft", *paths, f"experiment.out_dir={art['draft.path']}",

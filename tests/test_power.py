@@ -33,3 +33,25 @@ def test_rapl_counter_accumulates_across_wraparound(monkeypatch, tmp_path):
 def test_gpu_meter_without_a_gpu_is_unavailable_not_a_crash():
     meter = EnergyMeter.for_device("cuda:0")
     assert not meter.available and meter.summary(1)["reason"]
+
+
+def test_nvml_handle_follows_the_cuda_device_uuid_not_its_ordinal(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES=3,1 CUDA ordinal 0 is NVML device 3: the meter must ask NVML for
+    the device's UUID, never for index 0."""
+    import sys
+    import types
+    calls = []
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByUUID=lambda u: calls.append(("uuid", u)) or f"h:{u}",
+        nvmlDeviceGetHandleByIndex=lambda i: calls.append(("index", i)) or f"h:{i}",
+        nvmlDeviceGetHandleByPciBusId=lambda b: calls.append(("bus", b)) or f"h:{b}",
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: 123456)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    props = types.SimpleNamespace(uuid="6f1e2d3c-aaaa-bbbb-cccc-000000000003", pci_bus_id=0x3B,
+                                  pci_device_id=0, pci_domain_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    meter = power._NVML(0)
+    assert calls == [("uuid", "GPU-6f1e2d3c-aaaa-bbbb-cccc-000000000003")]
+    assert meter.matched_by == "uuid" and meter.energy_j() == pytest.approx(123.456)
+    assert meter.power_w() is None  # no sampling thread beside the timed region

@@ -22,19 +22,37 @@ RAPL = Path("/sys/class/powercap")
 class _NVML:
     source = "nvml"
 
-    def __init__(self, index: int, sample_s: float = 0.05):
+    def __init__(self, index: int):
         import pynvml
         pynvml.nvmlInit()
         self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.handle, self.matched_by = self._handle(pynvml, index)
         pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)  # raises where unsupported
-        self.sample_s = sample_s
+
+    @staticmethod
+    def _handle(pynvml, index: int):
+        """The NVML handle of CUDA device ``index``. CUDA ordinals are renumbered by
+        CUDA_VISIBLE_DEVICES (and ordered differently from NVML's), so match by UUID, then by PCI
+        bus id; a bare index is never used."""
+        props = torch.cuda.get_device_properties(index)
+        uuid = str(getattr(props, "uuid", "") or "")
+        if uuid:
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"), "uuid"
+            except Exception:  # noqa: BLE001 - fall through to the bus id
+                pass
+        if hasattr(props, "pci_bus_id"):
+            bus = f"{getattr(props, 'pci_domain_id', 0):08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+            return pynvml.nvmlDeviceGetHandleByPciBusId(bus), "pci_bus_id"
+        raise RuntimeError(f"cannot map CUDA device {index} to an NVML device (no UUID or PCI bus id)")
 
     def energy_j(self) -> float:
         return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1e3  # mJ -> J
 
-    def power_w(self) -> float:
-        return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3  # mW -> W
+    def power_w(self) -> None:
+        # The total-energy counter needs no sampling thread; one would share the host with the
+        # timed region's kernel launches.
+        return None
 
 
 class _RAPL:
@@ -120,6 +138,7 @@ class EnergyMeter:
         if not self.available:
             return {"available": False, "reason": self.reason}
         out = {"available": True, "source": self.backend.source, "joules": self.joules,
+               **({"nvml_device_matched_by": self.backend.matched_by} if hasattr(self.backend, "matched_by") else {}),
                "seconds": self.seconds, "joules_per_token": self.joules / tokens if tokens else None,
                "mean_watts": self.joules / self.seconds if self.seconds else None}
         if self.samples:

@@ -4,16 +4,16 @@ layer's argmax is emitted (no draft, no verification)."""
 from __future__ import annotations
 
 import json
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from specee.decoding.base import Clock, Generation, Score, score_from_logits
+from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits, walk_layers
 from specee.early_exit.features import adainfer_features
 from specee.early_exit.kv_policy import fill_skipped
 from specee.errors import SpeceeError
-from specee.runtime import LayerwiseLM
+from specee.runtime import LayerKVCache, LayerwiseLM
 
 CARD = "adainfer_svm.json"
 
@@ -24,8 +24,16 @@ class AdaInferSVM:
         self.b = float(intercept)
         self.card = card or {}
 
+    def to(self, device) -> "AdaInferSVM":
+        self.w = self.w.to(device)
+        return self
+
+    def decide(self, feats: torch.Tensor) -> torch.Tensor:
+        """The exit decision as a device tensor (reading it on the host is the sync)."""
+        return feats.float() @ self.w + self.b > 0
+
     def fires(self, feats: torch.Tensor) -> bool:
-        return bool(feats.float() @ self.w + self.b > 0)
+        return bool(self.decide(feats))
 
     def save(self, folder: Path, card: dict) -> None:
         (folder / CARD).write_text(json.dumps({**card, "coef": self.w.tolist(), "intercept": self.b}, indent=1))
@@ -42,59 +50,58 @@ class AdaInferSVM:
             raise SpeceeError(f"{path} is corrupt ({err}); retrain (experiment=train_predictors)") from err
 
 
-class AdaInferDecoder:
+@dataclass
+class AdaInferSession:
+    cache: LayerKVCache
+    token: torch.Tensor  # last emitted token (on the runtime's device)
+
+
+class AdaInferDecoder(LoopDecoder):
     name = "adainfer"
 
     def __init__(self, rt: LayerwiseLM, svm: AdaInferSVM, kv_policy: str = "holes"):
-        self.rt, self.svm, self.kv_policy = rt, svm, kv_policy
+        self.rt, self.svm, self.kv_policy = rt, svm.to(rt.device), kv_policy
+        self.eligible = [i < rt.num_layers - 1 for i in range(rt.num_layers)]
 
     @torch.inference_mode()
-    def decode_one_token(self, token, cache):
-        rt, now = self.rt, time.perf_counter
+    def prefill(self, prompt_ids, max_new_tokens: int):
+        rt = self.rt
+        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
+        token = rt.logits(rt.forward(prompt_ids, cache)[:, -1:])[0, -1].argmax()
+        return AdaInferSession(cache, token), int(token)
+
+    @torch.inference_mode()
+    def step(self, s: AdaInferSession) -> Step:
+        timer = self.timer()
+        timer.start()
+        s.token, exit_layer, _, trace = self.decode_one_token(s.token, s.cache, timer)
+        return Step([timer.host_int(s.token)], exit_layer, trace | timer.trace())
+
+    @torch.inference_mode()
+    def decode_one_token(self, token, cache, timer: PhaseTimer):
+        """Returns (next token on the device, exit layer, the exit layer's logits, counters)."""
+        rt = self.rt
         pos = rt.positions(cache, 1)
         h = rt.embed(token.view(1, 1))
         rope = rt.rope(h, pos)
-        t_layers = t_pred = 0.0
-        calls = 0
-        nxt = None
-        last = rt.num_layers - 1
-        for i in range(rt.num_layers):
-            t0 = now()
-            h = rt.run_layer(i, h, rope, cache, None, pos)
-            t1 = now()
-            t_layers += t1 - t0
+        calls = [0]
+
+        def exit_test(i, h):
             logits = rt.logits(h)[0, 0]
-            if i < last:
-                calls += 1
-                fire = self.svm.fires(adainfer_features(logits))
-                t_pred += now() - t1
-                if fire:
-                    nxt, exit_layer = int(logits.argmax()), i
-                    break
-        if nxt is None:
-            nxt, exit_layer = int(logits.argmax()), last
+            calls[0] += 1
+            fire = timer.host_bool(self.svm.decide(adainfer_features(logits)))
+            timer.lap("predictors")
+            return logits if fire else None
+
+        exit_layer, h, logits = walk_layers(rt, h, rope, cache, pos, None, self.eligible, exit_test, timer)
+        if logits is None:
+            logits = rt.logits(h)[0, 0]
+            timer.lap("layers")
         cache.seq_len += 1
         fill_skipped(rt, cache, h, exit_layer, rope, self.kv_policy)
-        self._last_logits = logits
-        return torch.tensor(nxt), exit_layer, {"exit_layer": exit_layer, "layers": exit_layer + 1,
-                                               "pred_calls": calls, "verify_calls": 0,
-                                               "t_layers": t_layers, "t_pred": t_pred,
-                                               "t_verify": 0.0, "t_draft": 0.0}
-
-    @torch.inference_mode()
-    def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None) -> Generation:
-        rt, clock = self.rt, Clock(self.rt.device)
-        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
-        t0 = clock()
-        token = rt.logits(rt.forward(prompt_ids, cache)[:, -1:])[0, -1].argmax()
-        t1 = clock()
-        tokens, times, layers, trace = [int(token)], [t1 - t0], [rt.num_layers], []
-        while len(tokens) < max_new_tokens and tokens[-1] != eos_id:
-            t0 = t1
-            token, exit_layer, tr = self.decode_one_token(token, cache)
-            t1 = clock()
-            tokens.append(int(token)); times.append(t1 - t0); layers.append(exit_layer + 1); trace.append(tr)
-        return Generation(tokens, times[0], times, layers, trace)
+        timer.lap("layers")
+        trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "pred_calls": calls[0], "verify_calls": 0}
+        return logits.argmax(), exit_layer, logits, trace
 
     @torch.inference_mode()
     def score(self, context_ids: torch.Tensor, continuation: list[int],
@@ -110,8 +117,10 @@ class AdaInferDecoder:
             steps = [int(context_ids[0, -1])] + steps
         else:
             rows, layers = [rt.logits(rt.forward(context_ids, cache)[:, -1:])[0, -1]], [rt.num_layers]
-        for tok in steps:
-            _, exit_layer, _ = self.decode_one_token(torch.tensor(tok, device=rt.device), cache)
-            rows.append(self._last_logits)
+        timer = self.timer()
+        ids = torch.tensor(steps, device=rt.device)
+        for j in range(len(steps)):
+            _, exit_layer, logits, _ = self.decode_one_token(ids[j], cache, timer)
+            rows.append(logits)
             layers.append(exit_layer + 1)
         return score_from_logits(torch.stack(rows), continuation, layers)

@@ -1,10 +1,20 @@
-"""What every decoding mode returns, and the clock it is timed with."""
+"""The decoder interface, the one generation loop, and the clocks it is timed with.
+
+Every decoding mode implements two verbs (gpt-fast's split): ``prefill(prompt_ids, max_new_tokens)``
+returns a per-request session and the first token; ``step(session)`` advances one decoding step and
+returns a :class:`Step` (the tokens it emits, the layer they exited at, its trace). :func:`generate`
+owns everything else — the clock, EOS, the token budget, per-token times and the trace — once.
+"""
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
+
+PHASES = ("layers", "predictors", "verification", "draft", "other")
 
 
 class Clock:
@@ -19,17 +29,150 @@ class Clock:
         return time.perf_counter()
 
 
+class PhaseTimer:
+    """Bills the time of one decoding step to phases (layers, predictors, verification, draft,
+    other) and counts host syncs.
+
+    On a CPU ops run synchronously, so the wall clock between phase boundaries is each phase's
+    time. On CUDA a boundary read without a sync bills queued work to whichever phase waits on
+    the host next, so phases are read only in a *profiling* pass (``profile=True``: a sync at
+    each boundary, which itself costs time); the throughput pass (``profile=False``) reads none.
+    """
+
+    def __init__(self, device, profile: bool = False):
+        cuda = torch.device(device).type == "cuda"
+        self.enabled = profile or not cuda
+        self.sync = cuda and profile
+        self.method = ("synchronized wall clock, separate profiling pass (CUDA)" if self.sync else
+                       "wall clock (CPU: ops run synchronously)" if not cuda else "not measured (CUDA throughput pass)")
+        self.phases: dict[str, float] = defaultdict(float)
+        self.syncs = 0
+        self._t = 0.0
+
+    def _now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.phases = defaultdict(float)
+        self.syncs = 0
+        if self.enabled:
+            self._t = self._now()
+
+    def lap(self, phase: str) -> None:
+        """Bill the time since the last boundary to ``phase``."""
+        if self.enabled:
+            now = self._now()
+            self.phases[phase] += now - self._t
+            self._t = now
+
+    # Host reads of device values: each is a sync on a GPU, counted.
+    def host_int(self, x: torch.Tensor) -> int:
+        self.syncs += 1
+        return int(x)
+
+    def host_bool(self, x: torch.Tensor) -> bool:
+        self.syncs += 1
+        return bool(x)
+
+    def host_list(self, x: torch.Tensor) -> list:
+        self.syncs += 1
+        return x.tolist()
+
+    def trace(self) -> dict:
+        """t_layers, t_pred, t_verify, t_draft, t_other (seconds) and syncs of this step."""
+        p = self.phases
+        return {"t_layers": p["layers"], "t_pred": p["predictors"], "t_verify": p["verification"],
+                "t_draft": p["draft"], "t_other": p["other"], "syncs": self.syncs}
+
+
+@dataclass
+class Step:
+    tokens: list[int]  # emitted by this step, in order (autoregressive: one; tree: walk + bonus)
+    exit_layer: int  # 0-based layer the step's tokens left the stack at (L-1: the full stack)
+    trace: dict | None = None  # early-exit modes: counters and phase times
+
+
+class Decoder(Protocol):
+    name: str
+    multi_token: bool  # a step may emit several tokens (tree decoding)
+
+    def prefill(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> tuple[Any, int]: ...
+
+    def step(self, session) -> Step: ...
+
+
 @dataclass
 class Generation:
     tokens: list[int]
     prefill_s: float
     token_s: list[float]  # wall time of each generated token (the first one comes from prefill)
     exit_layers: list[int]  # decoder layers executed for each generated token (dense: all)
-    trace: list[dict] = field(default_factory=list)  # per-token details of early-exit modes
+    trace: list[dict] = field(default_factory=list)  # per-step details of early-exit modes
 
     @property
     def decode_s(self) -> float:
         return sum(self.token_s[1:])
+
+
+@torch.inference_mode()
+def generate(decoder: Decoder, prompt_ids: torch.Tensor, max_new_tokens: int,
+             eos_id: int | None = None) -> Generation:
+    """Greedy generation with any decoder: prefill, then steps until EOS or the token budget.
+    A multi-token step stops exactly where dense would (tokens past EOS/the budget are dropped)
+    and its time is shared equally by the tokens it emitted."""
+    clock = Clock(decoder.rt.device)
+    L = decoder.rt.num_layers
+    t0 = clock()
+    session, first = decoder.prefill(prompt_ids, max_new_tokens)
+    t1 = clock()
+    tokens, times, layers, trace = [first], [t1 - t0], [L], []
+    while len(tokens) < max_new_tokens and tokens[-1] != eos_id:
+        t0 = t1
+        step = decoder.step(session)
+        emitted = 0
+        for tok in step.tokens:
+            if len(tokens) >= max_new_tokens or tokens[-1] == eos_id:
+                break
+            tokens.append(tok)
+            emitted += 1
+        t1 = clock()
+        times += [(t1 - t0) / emitted] * emitted
+        layers += [step.exit_layer + 1] * emitted
+        if step.trace is not None:
+            trace.append(step.trace | ({"emitted": emitted} if decoder.multi_token else {}))
+    return Generation(tokens, times[0], times, layers, trace)
+
+
+class LoopDecoder:
+    """Gives a decoder ``generate`` through the one loop, and a phase timer."""
+    multi_token = False
+    profile_phases = False  # CUDA: synchronized phase reads (a profiling pass)
+
+    def timer(self) -> PhaseTimer:
+        return PhaseTimer(self.rt.device, self.profile_phases)
+
+    def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None) -> Generation:
+        return generate(self, prompt_ids, max_new_tokens, eos_id)
+
+
+def walk_layers(rt, h, rope, cache, pos, block, eligible: list[bool], exit_test, timer: PhaseTimer,
+                observe=None):
+    """The early-exit layer walk, shared by every early-exit mode and by predictor-data collection:
+    run ``h`` up the stack; after each layer i with ``eligible[i]`` ask ``exit_test(i, h)``, which
+    returns None to continue or a decision to exit with. ``observe(i, h)`` (optional) sees every
+    layer (statistics). Returns (exit layer, h at it, decision or None for the full stack)."""
+    for i in range(rt.num_layers):
+        h = rt.run_layer(i, h, rope, cache, block, pos)
+        timer.lap("layers")
+        if observe is not None:
+            observe(i, h)
+        if eligible[i]:
+            decision = exit_test(i, h)
+            if decision is not None:
+                return i, h, decision
+    return rt.num_layers - 1, h, None
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Dense greedy decoding through the layer-wise runtime (the lossless reference)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from specee.decoding.base import Clock, Generation, Score, score_from_logits
+from specee.decoding.base import LoopDecoder, Score, Step, score_from_logits
 from specee.runtime import LayerKVCache, LayerwiseLM
 
 
@@ -18,29 +20,30 @@ def decode_one_token(rt: LayerwiseLM, token: torch.Tensor, cache: LayerKVCache) 
     return rt.forward(token.view(1, 1), cache)
 
 
-class DenseDecoder:
+@dataclass
+class DenseSession:
+    cache: LayerKVCache
+    token: torch.Tensor  # last emitted token, on the runtime's device
+
+
+class DenseDecoder(LoopDecoder):
     name = "dense"
 
     def __init__(self, rt: LayerwiseLM):
         self.rt = rt
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None = None) -> Generation:
-        rt, clock = self.rt, Clock(self.rt.device)
+    def prefill(self, prompt_ids, max_new_tokens: int):
+        rt = self.rt
         cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
-        t0 = clock()
-        h = prefill(rt, prompt_ids, cache)
-        token = rt.logits(h)[0, -1].argmax()
-        t1 = clock()
-        tokens, times = [int(token)], [t1 - t0]
-        while len(tokens) < max_new_tokens and tokens[-1] != eos_id:
-            t0 = t1
-            h = decode_one_token(rt, token, cache)
-            token = rt.logits(h)[0, -1].argmax()
-            t1 = clock()
-            tokens.append(int(token))
-            times.append(t1 - t0)
-        return Generation(tokens, times[0], times, [rt.num_layers] * len(tokens))
+        token = rt.logits(prefill(rt, prompt_ids, cache))[0, -1].argmax()
+        return DenseSession(cache, token), int(token)
+
+    @torch.inference_mode()
+    def step(self, s: DenseSession) -> Step:
+        rt = self.rt
+        s.token = rt.logits(decode_one_token(rt, s.token, s.cache))[0, -1].argmax()
+        return Step([int(s.token)], rt.num_layers - 1)
 
     @torch.inference_mode()
     def score(self, context_ids: torch.Tensor, continuation: list[int], exit_at_context_end: bool = True) -> Score:

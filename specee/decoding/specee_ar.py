@@ -14,20 +14,29 @@ argmax is in S but is not the final layer's; ``match_rate_vs_dense`` measures ho
 """
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import torch
 
-from specee.decoding.base import Clock, Generation, Score, score_from_logits
+from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits, walk_layers
 from specee.early_exit.features import SpecProbe, features_from_logits, initial_p
 from specee.early_exit.kv_policy import fill_skipped
 from specee.early_exit.predictor import PredictorBank
 from specee.early_exit.schedule import AllLayers
 from specee.models.draft import DraftHead
-from specee.runtime import LayerwiseLM
+from specee.runtime import LayerKVCache, LayerwiseLM
 
 
-class SpecEEDecoder:
+@dataclass
+class ARSession:
+    cache: LayerKVCache
+    dcache: object
+    state: object  # the schedule's per-request state
+    token: torch.Tensor  # last emitted token (on the runtime's device)
+    f: torch.Tensor  # its feature norm(h_exit), read by the draft
+
+
+class SpecEEDecoder(LoopDecoder):
     name = "specee"
 
     def __init__(self, rt: LayerwiseLM, draft: DraftHead, predictors: PredictorBank, k: int = 4,
@@ -41,8 +50,7 @@ class SpecEEDecoder:
         # The last layer always emits, so a predictor there would only cost time.
         self.can_exit = [bool(predictors.has[i]) and i < rt.num_layers - 1 for i in range(rt.num_layers)]
 
-    @torch.inference_mode()
-    def prefill(self, prompt_ids, cache, dcache):
+    def _prefill(self, prompt_ids, cache, dcache):
         rt = self.rt
         f = rt.norm(rt.forward(prompt_ids, cache))
         if prompt_ids.shape[1] > 1:  # the draft's history: pairs (x[i+1], f[i])
@@ -50,96 +58,86 @@ class SpecEEDecoder:
         return rt.lm_head(f[:, -1:])[0, -1].argmax(), f[:, -1:]
 
     @torch.inference_mode()
+    def prefill(self, prompt_ids, max_new_tokens: int):
+        n = prompt_ids.shape[1] + max_new_tokens
+        cache, dcache = self.rt.new_cache(n), self.draft.new_cache(n)
+        token, f = self._prefill(prompt_ids, cache, dcache)
+        return ARSession(cache, dcache, self.schedule.new_request(), token, f), int(token)
+
+    @torch.inference_mode()
     def propose(self, token, f_prev, dcache):
         f_hat = self.draft(token.view(1, 1), f_prev, dcache)
         return self.draft.logits(f_hat)[0, -1].topk(self.k).indices
 
     @torch.inference_mode()
-    def decode_one_token(self, token, spec, cache, state):
-        """Run ``token`` up the stack until a verified exit; return (next token, f, exit layer, trace)."""
+    def step(self, s: ARSession) -> Step:
+        timer = self.timer()
+        timer.start()
+        spec = self.propose(s.token, s.f, s.dcache)
+        spec_list = timer.host_list(spec)
+        timer.lap("draft")
+        s.token, s.f, exit_layer, trace = self.decode_one_token(s.token, spec, spec_list, s.cache, s.state, timer)
+        trace["spec"] = spec_list
+        return Step([timer.host_int(s.token)], exit_layer, trace | timer.trace())
+
+    @torch.inference_mode()
+    def decode_one_token(self, token, spec, spec_list, cache, state, timer: PhaseTimer):
+        """Run ``token`` up the stack until a verified exit; return (next token, its feature
+        norm(h_exit), exit layer, trace counters). The next token stays on the device."""
         rt, pred = self.rt, self.predictors
-        now = time.perf_counter
-        spec_list = spec.tolist()
         probe = SpecProbe(rt, spec)
-        p_prev = initial_p(self.k, spec)
         pos = rt.positions(cache, 1)
         h = rt.embed(token.view(1, 1))
         rope = rt.rope(h, pos)
-        t_layers = t_pred = t_verify = 0.0
-        pred_calls = verify_calls = 0
         active = self.schedule.active(state)
-        nxt = exit_layer = normed = shadow_exit = None
-        p_all = p_prev
-        for i in range(rt.num_layers):
-            t0 = now()
-            h = rt.run_layer(i, h, rope, cache, None, pos)
-            t1 = now()
-            t_layers += t1 - t0
-            if self.shadow and self.can_exit[i]:
-                p_all, hit = self._shadow_check(i, h, probe, spec_list, p_all)
-                if hit and shadow_exit is None:
-                    shadow_exit = i
-            if not (self.can_exit[i] and active[i]):
-                continue
-            feats, p_prev = features_from_logits(probe.logits(h), p_prev)
-            pred_calls += 1
-            fire = pred.fires(i, feats)
-            t2 = now()
-            t_pred += t2 - t1
-            if fire:
-                verify_calls += 1
-                normed = rt.norm(h)[0, 0]
-                cand = int(rt.lm_head(normed).argmax())
-                t_verify += now() - t2
-                if cand in spec_list:
-                    nxt, exit_layer = cand, i
-                    break
-        if nxt is None:
-            t0 = now()
+        eligible = [self.can_exit[i] and active[i] for i in range(rt.num_layers)]
+        counts = {"pred_calls": 0, "verify_calls": 0}
+        p_prev = [initial_p(self.k, spec)]
+
+        def exit_test(i, h):
+            feats, p_prev[0] = features_from_logits(probe.logits(h), p_prev[0])
+            counts["pred_calls"] += 1
+            fire = timer.host_bool(pred.decide(i, feats))
+            timer.lap("predictors")
+            if not fire:
+                return None
+            counts["verify_calls"] += 1
             normed = rt.norm(h)[0, 0]
-            nxt, exit_layer = int(rt.lm_head(normed).argmax()), rt.num_layers - 1
-            t_layers += now() - t0  # the dense LM head, as in the dense loop
-        cache.seq_len += 1
-        t0 = now()
-        fill_skipped(rt, cache, h, exit_layer, rope, self.kv_policy)
-        t_layers += now() - t0
-        self.schedule.record(state, exit_layer)
-        trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "pred_calls": pred_calls,
-                 "verify_calls": verify_calls, "t_layers": t_layers, "t_pred": t_pred,
-                 "t_verify": t_verify}
+            cand = rt.lm_head(normed).argmax()
+            hit = timer.host_int(cand) in spec_list
+            timer.lap("verification")
+            return (cand, normed) if hit else None
+
+        observe, shadow = None, {"exit": None, "p": initial_p(self.k, spec)}
         if self.shadow:
-            trace["shadow_exit_layer"] = shadow_exit if shadow_exit is not None else rt.num_layers - 1
-        return torch.tensor(nxt), normed.view(1, 1, -1), exit_layer, trace
+            def observe(i, h):
+                if self.can_exit[i]:
+                    shadow["p"], hit = self._shadow_check(i, h, probe, spec_list, shadow["p"])
+                    if hit and shadow["exit"] is None:
+                        shadow["exit"] = i
+                timer.lap("other")  # statistics only
+
+        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, None, eligible, exit_test, timer, observe)
+        if decision is None:
+            normed = rt.norm(h)[0, 0]
+            nxt = rt.lm_head(normed).argmax()
+            timer.lap("layers")  # the dense LM head, as in the dense loop
+        else:
+            nxt, normed = decision
+        cache.seq_len += 1
+        fill_skipped(rt, cache, h, exit_layer, rope, self.kv_policy)
+        timer.lap("layers")
+        self.schedule.record(state, exit_layer)
+        trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, **counts}
+        if self.shadow:
+            trace["shadow_exit_layer"] = shadow["exit"] if shadow["exit"] is not None else rt.num_layers - 1
+        return nxt, normed.view(1, 1, -1), exit_layer, trace
 
     def _shadow_check(self, i, h, probe, spec_list, p_all):
         """Would the all-layers policy (p_prev = layer i-1) exit at layer i?"""
         feats, p_all = features_from_logits(probe.logits(h), p_all)
         hit = self.predictors.fires(i, feats) and int(self.rt.logits(h)[0, 0].argmax()) in spec_list
         return p_all, hit
-
-    @torch.inference_mode()
-    def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None) -> Generation:
-        rt, clock = self.rt, Clock(self.rt.device)
-        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
-        dcache = self.draft.new_cache(prompt_ids.shape[1] + max_new_tokens)
-        state = self.schedule.new_request()
-        t0 = clock()
-        token, f = self.prefill(prompt_ids, cache, dcache)
-        t1 = clock()
-        tokens, times, layers, trace = [int(token)], [t1 - t0], [rt.num_layers], []
-        while len(tokens) < max_new_tokens and tokens[-1] != eos_id:
-            t0 = t1
-            spec = self.propose(token, f, dcache)
-            t_draft = time.perf_counter() - t0
-            token, f, exit_layer, tr = self.decode_one_token(token, spec, cache, state)
-            t1 = clock()
-            tr["t_draft"] = t_draft
-            tr["spec"] = spec.tolist()
-            tokens.append(int(token))
-            times.append(t1 - t0)
-            layers.append(exit_layer + 1)
-            trace.append(tr)
-        return Generation(tokens, times[0], times, layers, trace)
 
     @torch.inference_mode()
     def score(self, context_ids: torch.Tensor, continuation: list[int],
@@ -159,15 +157,17 @@ class SpecEEDecoder:
         steps = list(continuation[:-1])
         feats, layers = [], []
         if exit_at_context_end and context_ids.shape[1] > 1:
-            _, f = self.prefill(context_ids[:, :-1], cache, dcache)
+            _, f = self._prefill(context_ids[:, :-1], cache, dcache)
             steps = [int(context_ids[0, -1])] + steps
         else:
-            _, f = self.prefill(context_ids, cache, dcache)
+            _, f = self._prefill(context_ids, cache, dcache)
             feats, layers = [f.view(-1)], [rt.num_layers]
-        for tok in steps:
-            token = torch.tensor(tok, device=rt.device)
+        timer = self.timer()
+        ids = torch.tensor(steps, device=rt.device)
+        for j in range(len(steps)):
+            token = ids[j]
             spec = self.propose(token, f, dcache)
-            _, f, exit_layer, _ = self.decode_one_token(token, spec, cache, state)
+            _, f, exit_layer, _ = self.decode_one_token(token, spec, timer.host_list(spec), cache, state, timer)
             feats.append(f.view(-1))
             layers.append(exit_layer + 1)
         return score_from_logits(rt.lm_head(torch.stack(feats)), continuation, layers)

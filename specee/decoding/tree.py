@@ -43,23 +43,34 @@ first token's skipped layers became holes, while one forward gives both tokens o
 """
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import torch
 
-from specee.decoding.base import Clock, Generation
+from specee.decoding.base import Generation, LoopDecoder, PhaseTimer, Step, walk_layers
 from specee.decoding.tree_shape import build
 from specee.early_exit.features import initial_p, spec_features
 from specee.early_exit.kv_policy import check_policy, fill_skipped
 from specee.early_exit.schedule import AllLayers
 from specee.errors import SpeceeError
-from specee.runtime import LayerwiseLM
+from specee.runtime import LayerKVCache, LayerwiseLM
 
 MAPPINGS = ("independent", "merged")
 
 
-class TreeDecoder:
+@dataclass
+class TreeSession:
+    cache: LayerKVCache
+    dcache: object
+    state: object  # the schedule's per-request state
+    root: int  # the last emitted token, not yet in the base cache
+    pend_ids: torch.Tensor  # accepted tokens the draft has not read yet (ending with the root)
+    pend_feats: torch.Tensor  # their base features
+
+
+class TreeDecoder(LoopDecoder):
     name = "tree"
+    multi_token = True
 
     def __init__(self, rt: LayerwiseLM, draft, tree="small", predictors=None, schedule=None,
                  mapping: str | None = None, k: int = 4, kv_policy: str = "holes"):
@@ -80,6 +91,25 @@ class TreeDecoder:
             self.units = tr.root_paths
             self.through = [[u for u, p in enumerate(self.units) if v in p] for v in range(tr.size)]
         self.feat_node = [u[-1] for u in self.units]
+        self._device_buffers()
+
+    def _device_buffers(self) -> None:
+        """Masks, depths and the draft's per-level masks depend only on the tree's shape: built
+        once, on the runtime's device, not per step on the CPU."""
+        tr, dev = self.tree, self.rt.device
+        self.block = tr.mask.to(dev) if tr.size > 1 else None  # root alone: AR's exact call
+        self.depth = torch.tensor(tr.depth, device=dev)
+        spec_on = self.predictors is not None
+        self.draft_levels, fed = [], []
+        for depth in range(tr.max_depth + 1):
+            level = [v for v in tr.level(depth) if tr.children[v] or spec_on]
+            if not level:
+                continue
+            allowed = tr.mask[level][:, fed + level].to(dev) if depth else None
+            if depth:
+                fed += level
+            width = max([self.k if spec_on else 0] + [tr.rank[c] + 1 for v in level for c in tr.children[v]])
+            self.draft_levels.append((depth, level, allowed, width))
 
     def needed(self, walk: list[int]) -> set[int]:
         if self.mapping == "independent":
@@ -88,7 +118,7 @@ class TreeDecoder:
 
     # -- draft ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def draft_tree(self, root: int, pend_ids, pend_feats, dcache):
+    def draft_tree(self, root: int, pend_ids, pend_feats, dcache, timer: PhaseTimer):
         """Feed the pending (token, base feature) pairs ending with the root, expand the tree.
 
         Returns node tokens and, with predictors, S(v) per node (else None)."""
@@ -96,21 +126,15 @@ class TreeDecoder:
         spec_on = self.predictors is not None
         f_hat = {0: d(pend_ids, pend_feats, dcache)[0, -1]}
         base = dcache.lengths[0]  # history + root: visible to every tree node
-        tokens, spec, fed = [root] + [0] * (tr.size - 1), [None] * tr.size, []
-        for depth in range(tr.max_depth + 1):
-            level = [v for v in tr.level(depth) if tr.children[v] or spec_on]
-            if not level:
-                continue
+        tokens, spec = [root] + [0] * (tr.size - 1), [None] * tr.size
+        for depth, level, allowed, width in self.draft_levels:
             if depth:
-                allowed = tr.mask[level][:, fed + level].to(rt.device)
                 pos = torch.full((1, len(level)), base - 1 + depth, device=rt.device)
                 out = d(torch.tensor([[tokens[v] for v in level]], device=rt.device),
                         torch.stack([f_hat[tr.parent[v]] for v in level])[None], dcache, pos,
                         rt._additive_mask(base, len(level), allowed))
                 f_hat.update({v: out[0, j] for j, v in enumerate(level)})
-                fed += level
-            width = max([self.k if spec_on else 0] + [tr.rank[c] + 1 for v in level for c in tr.children[v]])
-            top = d.logits(torch.stack([f_hat[v] for v in level])).topk(width, -1).indices.tolist()
+            top = timer.host_list(d.logits(torch.stack([f_hat[v] for v in level])).topk(width, -1).indices)
             for v, t in zip(level, top):
                 for c in tr.children[v]:
                     tokens[c] = t[tr.rank[c]]
@@ -120,101 +144,85 @@ class TreeDecoder:
 
     # -- verify ---------------------------------------------------------------------------
     @torch.inference_mode()
-    def verify(self, tokens, spec, cache, state):
+    def verify(self, tokens, spec, cache, state, timer: PhaseTimer):
         """One base forward over the tree; returns (walk, predictions, features of the walk, exit, trace)."""
         rt, tr, pred = self.rt, self.tree, self.predictors
-        now = time.perf_counter
         ids = torch.tensor([tokens], device=rt.device)
-        pos = (cache.seq_len + torch.tensor(tr.depth, device=rt.device))[None]
-        block = tr.mask.to(rt.device) if tr.size > 1 else None  # root alone: AR's exact call
+        pos = (cache.seq_len + self.depth)[None]
         start = list(cache.lengths)
         h = rt.embed(ids)
         rope = rt.rope(h, pos)
         active = self.schedule.active(state)
+        eligible = [self.can_exit[i] and active[i] for i in range(rt.num_layers)]
+        p_prev = {}
         if spec is not None:
             spec_w = rt.lm_head.weight[torch.tensor(spec, device=rt.device)]  # (N+1, K, d)
-            p_prev = [initial_p(self.k, spec_w[v]) for v in range(tr.size)]
-        t_layers = t_pred = t_verify = 0.0
-        pred_calls = verify_calls = 0
-        exit_layer = None
-        for i in range(rt.num_layers):
-            t0 = now()
-            h = rt.run_layer(i, h, rope, cache, block, pos)
-            t1 = now()
-            t_layers += t1 - t0
-            if not (self.can_exit[i] and active[i]):
-                continue
+            p_prev = {v: initial_p(self.k, spec_w[v]) for v in self.feat_node}
+        counts = {"pred_calls": 0, "verify_calls": 0}
+
+        def exit_test(i, h):
             normed = rt.norm(h)[0]
-            fires = []
+            decisions = []
             for v in self.feat_node:
                 x, p_prev[v] = spec_features(normed[v], spec_w[v], p_prev[v])
-                fires.append(pred.fires(i, x))
-            pred_calls += len(fires)
-            t2 = now()
-            t_pred += t2 - t1
-            if any(fires):
-                verify_calls += 1
-                nxt = rt.lm_head(normed).argmax(-1).tolist()
-                walk = tr.walk(nxt, tokens)
-                ok = all(fires[u] for u in self.needed(walk)) and all(nxt[v] in spec[v] for v in walk)
-                t_verify += now() - t2
-                if ok:
-                    exit_layer = i
-                    break
-        if exit_layer is None:
-            t0 = now()
+                decisions.append(pred.decide(i, x))
+            fires = timer.host_list(torch.stack(decisions))  # one sync per layer, not per unit
+            counts["pred_calls"] += len(fires)
+            timer.lap("predictors")
+            if not any(fires):
+                return None
+            counts["verify_calls"] += 1
+            nxt = timer.host_list(rt.lm_head(normed).argmax(-1))
+            walk = tr.walk(nxt, tokens)
+            ok = all(fires[u] for u in self.needed(walk)) and all(nxt[v] in spec[v] for v in walk)
+            timer.lap("verification")
+            return (walk, nxt, normed) if ok else None
+
+        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, self.block, eligible, exit_test, timer)
+        if decision is None:
             normed = rt.norm(h)[0]
-            nxt = rt.lm_head(normed).argmax(-1).tolist()
-            walk, exit_layer = tr.walk(nxt, tokens), rt.num_layers - 1
-            t_layers += now() - t0
-        t0 = now()
+            nxt = timer.host_list(rt.lm_head(normed).argmax(-1))
+            walk = tr.walk(nxt, tokens)
+            timer.lap("layers")
+        else:
+            walk, nxt, normed = decision
         idx = torch.tensor(walk, device=rt.device)
         for j in range(exit_layer + 1):  # layers above the exit got no entries this step
             cache.keep(j, start[j], idx)
         cache.seq_len += len(walk)
         fill_skipped(rt, cache, h[:, idx], exit_layer, (rope[0][:, idx], rope[1][:, idx]), self.kv_policy)
-        t_layers += now() - t0
+        timer.lap("layers")
         self.schedule.record(state, exit_layer)
         trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "nodes": tr.size,
-                 "accepted": len(walk), "pred_calls": pred_calls, "verify_calls": verify_calls,
-                 "t_layers": t_layers, "t_pred": t_pred, "t_verify": t_verify}
+                 "accepted": len(walk), **counts}
         return walk, nxt, normed[idx], exit_layer, trace
 
     # -- loop -----------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None) -> Generation:
-        rt, clock = self.rt, Clock(self.rt.device)
+    def prefill(self, prompt_ids, max_new_tokens: int):
+        rt = self.rt
         extra = self.tree.max_depth + 2
-        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens + self.tree.size + extra)
-        dcache = self.draft.new_cache(prompt_ids.shape[1] + max_new_tokens + self.tree.size + extra)
-        state = self.schedule.new_request()
-        t0 = clock()
+        n = prompt_ids.shape[1] + max_new_tokens + self.tree.size + extra
+        cache, dcache = rt.new_cache(n), self.draft.new_cache(n)
         f = rt.norm(rt.forward(prompt_ids, cache))
         if prompt_ids.shape[1] > 1:  # the draft's history: pairs (x[i+1], f[i])
             self.draft(prompt_ids[:, 1:], f[:, :-1], dcache)
-        root = int(rt.lm_head(f[:, -1])[0].argmax())
-        pend_ids, pend_feats = torch.tensor([[root]], device=rt.device), f[:, -1:]
-        t1 = clock()
-        tokens, times, layers, trace = [root], [t1 - t0], [rt.num_layers], []
-        while len(tokens) < max_new_tokens and tokens[-1] != eos_id:
-            t0 = t1
-            nodes, spec = self.draft_tree(root, pend_ids, pend_feats, dcache)
-            t_draft = time.perf_counter() - t0
-            walk, nxt, feats, exit_layer, tr = self.verify(nodes, spec, cache, state)
-            new = [nodes[v] for v in walk[1:]] + [nxt[walk[-1]]]
-            emitted = 0
-            for tok in new:  # stop exactly where dense would
-                if len(tokens) >= max_new_tokens or tokens[-1] == eos_id:
-                    break
-                tokens.append(tok)
-                emitted += 1
-            root = new[-1]
-            pend_ids, pend_feats = torch.tensor([new], device=rt.device), feats[None]
-            t1 = clock()
-            times += [(t1 - t0) / emitted] * emitted
-            layers += [exit_layer + 1] * emitted
-            trace.append(tr | {"emitted": emitted, "t_draft": t_draft})
-        return Generation(tokens, times[0], times, layers, trace)
+        root_t = rt.lm_head(f[:, -1])[0].argmax()
+        s = TreeSession(cache, dcache, self.schedule.new_request(), int(root_t), root_t.view(1, 1), f[:, -1:])
+        return s, s.root
+
+    @torch.inference_mode()
+    def step(self, s: TreeSession) -> Step:
+        timer = self.timer()
+        timer.start()
+        nodes, spec = self.draft_tree(s.root, s.pend_ids, s.pend_feats, s.dcache, timer)
+        timer.lap("draft")
+        walk, nxt, feats, exit_layer, trace = self.verify(nodes, spec, s.cache, s.state, timer)
+        new = [nodes[v] for v in walk[1:]] + [nxt[walk[-1]]]
+        s.root = new[-1]
+        s.pend_ids, s.pend_feats = torch.tensor([new], device=self.rt.device), feats[None]
+        timer.lap("other")
+        return Step(new, exit_layer, trace | timer.trace())
 
     def score(self, context_ids, continuation: list[int], exit_at_context_end: bool = True):
         """Teacher forcing: the lossless tree scores as dense; tree early exit has no scoring rule yet."""

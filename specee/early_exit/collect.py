@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specee.decoding.base import PhaseTimer, walk_layers
 from specee.early_exit.features import SpecProbe, adainfer_features, features_from_logits, initial_p
 from specee.models.draft import DraftHead
 from specee.runtime import LayerwiseLM
@@ -23,6 +24,8 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
         draft(prompt_ids[:, 1:], f[:, :-1], dcache)
     token, f_prev = rt.lm_head(f[:, -1:])[0, -1].argmax(), f[:, -1:]
     rows = {"feats": [], "argmax": [], "ada": [], "spec": []}
+    every_layer = [True] * rt.num_layers
+    timer = PhaseTimer(rt.device)
     generated = 1
     while generated < max_new_tokens and int(token) != eos_id:
         spec = draft.logits(draft(token.view(1, 1), f_prev, dcache))[0, -1].topk(k).indices
@@ -32,14 +35,20 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
         h = rt.embed(token.view(1, 1))
         rope = rt.rope(h, pos)
         feats, argmaxes, ada = [], [], []
-        for i in range(rt.num_layers):
-            h = rt.run_layer(i, h, rope, cache, None, pos)
-            normed = rt.norm(h)[0, 0]
+        last = {}
+
+        def record(i, h):  # the decoding walk with every layer evaluated and no exit
+            nonlocal p_prev
+            last["normed"] = normed = rt.norm(h)[0, 0]
             x, p_prev = features_from_logits(probe.logits(h), p_prev)
             logits = rt.lm_head(normed)
             feats.append(x)
             argmaxes.append(logits.argmax())
             ada.append(adainfer_features(logits))
+            return None
+
+        walk_layers(rt, h, rope, cache, pos, None, every_layer, record, timer)
+        normed = last["normed"]
         cache.seq_len += 1
         rows["feats"].append(torch.stack(feats).float())
         rows["argmax"].append(torch.stack(argmaxes))

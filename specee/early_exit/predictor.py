@@ -108,8 +108,12 @@ class PredictorBank(nn.Module):
     def prob(self, layer: int, feats: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logit(layer, feats))
 
+    def decide(self, layer: int, feats: torch.Tensor) -> torch.Tensor:
+        """The exit decision as a device tensor (reading it on the host is the sync)."""
+        return self.logit(layer, feats) > self._logit_t
+
     def fires(self, layer: int, feats: torch.Tensor) -> bool:
-        return bool(self.logit(layer, feats) > self._logit_t)
+        return bool(self.decide(layer, feats))
 
     def save(self, folder: Path, card: dict) -> None:
         from safetensors.torch import save_file

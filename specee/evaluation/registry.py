@@ -82,7 +82,7 @@ def task_manager(names, data_root: Path, out_dir: Path, include_path: Path | Non
         user = sorted(set(tm.all_tasks) - set(available()))
         hint = ("" if task_source == "lm_eval" else
                 "; lm-eval's own tasks (hellaswag, mmlu, ...) need experiment.task_source=lm_eval")
-        raise SpeceeError(f"experiment.tasks has unknown task(s) {unknown}; shipped: {', '.join(available())}"
+        raise SpeceeError(f"experiment.tasks has unknown task(s) {unknown}; valid: {', '.join(available())} (shipped)"
                           + (f"; from experiment.include_path: {', '.join(user[:20])}" if include_path and user else "")
                           + hint)
     return tm

@@ -1,0 +1,124 @@
+"""The decoder interface: one generation loop for every mode, device-correct tensors, phase split
+and host-sync counts."""
+import pytest
+import torch
+
+from conftest import random_lm
+from specee.decoding import base
+from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
+from specee.decoding.dense import DenseDecoder
+from specee.decoding.specee_ar import SpecEEDecoder
+from specee.decoding.tree import TreeDecoder
+from specee.early_exit.predictor import PredictorBank
+from specee.early_exit.schedule import TwoLevelSchedule
+from specee.models.draft import DraftHead
+from specee.runtime import LayerwiseLM
+
+K, L = 4, 6
+
+
+@pytest.fixture(scope="module")
+def parts():
+    model = random_lm("llama", layers=L, seed=0)
+    rt = LayerwiseLM(model)
+    torch.manual_seed(1)
+    draft = DraftHead(model.config).attach(rt).eval()
+    # A bank that fires on some inputs and not on others: random first layer, zero-mean output.
+    torch.manual_seed(2)
+    bank = PredictorBank(L, K, hidden=8)
+    with torch.no_grad():
+        bank.w1.normal_()
+        bank.w2.normal_()
+    bank.has[:] = True
+    return rt, draft, bank
+
+
+def decoders(rt, draft, bank):
+    """Every decoding mode, both KV policies and both tree mappings, scheduled and not."""
+    svm = AdaInferSVM([4.0, 2.0], -1.0)
+    sched = lambda: TwoLevelSchedule(L, [2, 3], True, 2, 1, False)  # noqa: E731
+    out = {"dense": DenseDecoder(rt)}
+    for policy in ("holes", "propagate"):
+        out[f"adainfer/{policy}"] = AdaInferDecoder(rt, svm, policy)
+        out[f"specee_t1/{policy}"] = SpecEEDecoder(rt, draft, bank, K, policy)
+        out[f"specee_t1_t2/{policy}"] = SpecEEDecoder(rt, draft, bank, K, policy, sched())
+        for mapping in ("merged", "independent"):
+            out[f"specee_full/{mapping}/{policy}"] = TreeDecoder(rt, draft, "small", bank, sched(), mapping, K, policy)
+    out["eagle"] = TreeDecoder(rt, draft, "small", None, None, None, K)
+    out["specee_t1/shadow"] = SpecEEDecoder(rt, draft, bank, K, "holes", sched(), shadow=True)
+    return out
+
+
+def prompt():
+    return torch.randint(1, 101, (1, 9), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("name", [
+    "dense", "adainfer/holes", "adainfer/propagate", "specee_t1/holes", "specee_t1/propagate",
+    "specee_t1_t2/holes", "specee_t1_t2/propagate", "specee_full/merged/holes",
+    "specee_full/independent/propagate", "specee_full/merged/propagate", "specee_full/independent/holes",
+    "eagle", "specee_t1/shadow"])
+def test_every_decoder_makes_its_tensors_on_the_runtime_device(parts, name):
+    """Under a default device of "meta", any tensor a decoder creates without the runtime's device
+    lands on meta and breaks the run; a device-correct decoder gives the same tokens as without."""
+    rt, draft, bank = parts
+    d = decoders(rt, draft, bank)[name]
+    ids = prompt()
+    ref = d.generate(ids, 16)
+    with torch.device("meta"):
+        got = d.generate(ids, 16)
+    assert got.tokens == ref.tokens and got.exit_layers == ref.exit_layers
+    if hasattr(d, "score") and not (isinstance(d, TreeDecoder) and d.predictors is not None):
+        cont = ref.tokens[:5]
+        want = d.score(ids, cont)
+        with torch.device("meta"):
+            have = d.score(ids, cont)
+        assert have.layers == want.layers and have.logprobs == pytest.approx(want.logprobs)
+
+
+def test_the_guard_catches_a_host_made_token(parts, monkeypatch):
+    """The check can fail: a step that hands back torch.tensor(int) — made without a device, the
+    bug this guard exists for — breaks under the meta default device."""
+    rt, draft, bank = parts
+    d = SpecEEDecoder(rt, draft, bank, K)
+    real = d.decode_one_token
+
+    def host_made(*args, **kwargs):
+        nxt, f, exit_layer, trace = real(*args, **kwargs)
+        return torch.tensor(int(nxt)), f, exit_layer, trace
+
+    monkeypatch.setattr(d, "decode_one_token", host_made)
+    ids = prompt()
+    d.generate(ids, 8)  # fine on a CPU default device
+    with torch.device("meta"), pytest.raises((RuntimeError, NotImplementedError)):
+        d.generate(ids, 8)
+
+
+def test_every_mode_goes_through_the_one_loop(parts):
+    rt, draft, bank = parts
+    for name, d in decoders(rt, draft, bank).items():
+        assert type(d).generate is base.LoopDecoder.generate, name
+        full = d.generate(prompt(), 20)
+        eos = full.tokens[3]
+        stop = base.generate(d, prompt(), 20, eos_id=eos)
+        assert stop.tokens == full.tokens[: full.tokens.index(eos) + 1], name
+        assert len(stop.token_s) == len(stop.tokens) == len(stop.exit_layers), name
+
+
+@pytest.mark.parametrize("name", ["adainfer/holes", "specee_t1/holes", "specee_t1_t2/propagate",
+                                  "specee_full/merged/holes", "eagle"])
+def test_phase_split_covers_the_decode_time(parts, name):
+    rt, draft, bank = parts
+    gen = decoders(rt, draft, bank)[name].generate(prompt(), 24)
+    phases = sum(t[k] for t in gen.trace for k in ("t_layers", "t_pred", "t_verify", "t_draft", "t_other"))
+    assert 0.8 * gen.decode_s <= phases <= gen.decode_s * 1.001, (phases, gen.decode_s)
+
+
+def test_host_syncs_are_counted(parts):
+    rt, draft, bank = parts
+    gen = SpecEEDecoder(rt, draft, bank, K).generate(prompt(), 24)
+    for t in gen.trace:  # the draft's set, each predictor decision, each verification, the token
+        assert t["syncs"] == 1 + t["pred_calls"] + t["verify_calls"] + 1
+    tree = decoders(rt, draft, bank)["specee_full/merged/holes"].generate(prompt(), 24)
+    for t in tree.trace:  # one read per active layer for all units, not one per unit
+        assert t["syncs"] < t["pred_calls"] + t["verify_calls"] + 8
