@@ -13,6 +13,7 @@ from specee.bench.speed import hf_generate, match_rate, speed_metrics
 from specee.data import load_prompt_set
 from specee.decoding import build_decoder
 from specee.decoding.dense import DenseDecoder
+from specee.early_exit.replay import prompt_sha
 from specee.errors import SpeceeError
 from specee.io import project_path
 from specee.models.loader import load_model
@@ -44,6 +45,11 @@ def prompt_encoder(tokenizer, rt, max_new_tokens: int):
     return encode, truncated
 
 
+def generation_eos(cfg, tokenizer):
+    """A random-weight model has no meaningful end of sequence: it generates the full budget."""
+    return None if cfg.model.init == "random" else tokenizer.eos_token_id
+
+
 def early_exit_metrics(gens, m: dict, split_gens=None, split_method: str | None = None) -> dict:
     """Where the early-exit modes spend their time, from the per-step traces. Counters come from
     the timed pass ``gens``; the phase split from ``split_gens`` (default: the same pass — right on
@@ -65,6 +71,9 @@ def early_exit_metrics(gens, m: dict, split_gens=None, split_method: str | None 
         per_step = {"verification_steps": n,
                     "predictor_calls_per_step": sum(t["pred_calls"] for t in trace) / n}
     measured = sum(phase.values()) > 0
+    targets = [t["replay_target"] + 1 for t in trace if "replay_target" in t]
+    if targets:  # what the replay asked for, beside what the schedule delivered (avg_layers)
+        per_step["replay_target_avg_layers"] = sum(targets) / len(targets)
     return {
         **per_step,
         "predictor_calls_per_token": sum(t["pred_calls"] for t in trace) / tokens,
@@ -108,7 +117,7 @@ def run(cfg) -> dict:
     rt = LayerwiseLM(model)
     decoder = build_decoder(cfg, rt)
     dense = DenseDecoder(rt)
-    eos = tokenizer.eos_token_id
+    eos = generation_eos(cfg, tokenizer)
     n_new = cfg.dataset.max_new_tokens
     template = cfg.model.chat_template
     encode, truncated = prompt_encoder(tokenizer, rt, n_new)
@@ -134,6 +143,7 @@ def run(cfg) -> dict:
                 dense_gens.append(ref)
                 mode_gens.append(gen)
                 row = {"id": p["id"], "category": p["category"], "turn": turn, "prompt_tokens": ids.shape[1],
+                       "prompt_sha": prompt_sha(ids),
                        "dense_tokens": len(ref.tokens), "tokens": len(gen.tokens),
                        "match_rate_vs_dense": match_rate([ref.tokens], [gen.tokens]),
                        "decode_s": gen.decode_s, "dense_decode_s": ref.decode_s,

@@ -15,7 +15,8 @@ from collections import defaultdict
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from experiments.speed import check_disjoint_from_calibration, early_exit_metrics, load_prompts, prompt_encoder
+from experiments.speed import (check_disjoint_from_calibration, early_exit_metrics, generation_eos, load_prompts,
+                               prompt_encoder)
 from specee import results
 from specee.bench.exit_stats import context_similarity, distribution
 from specee.bench.speed import match_rate, speed_metrics
@@ -47,7 +48,7 @@ def run(cfg) -> dict:
     prompts = load_prompts(cfg)
     model, tokenizer = load_model(cfg.model)
     rt = LayerwiseLM(model)
-    L, eos, n_new = rt.num_layers, tokenizer.eos_token_id, cfg.dataset.max_new_tokens
+    L, eos, n_new = rt.num_layers, generation_eos(cfg, tokenizer), cfg.dataset.max_new_tokens
     # The statistics are about per-token exit layers under each placement: they always run the
     # autoregressive SpecEE decoder, whatever the ablation (tree ablations included), and say so.
     specee_cfg = OmegaConf.merge(cfg, {"ablation": {"mode": "specee", "decoding": "autoregressive"}})

@@ -27,6 +27,10 @@ class ModelConfig:
     allow_hub: bool = False
     chat_template: str = "plain"  # plain | llama2_chat | vicuna | mistral_inst | chatml
     trust_remote_code: bool = False
+    # pretrained: weights from model.path. random: the architecture (specee/models/shapes/<name>.json,
+    # or model.path's config.json) with random weights, for cost measurements on real shapes.
+    init: str = "pretrained"
+    num_layers: Optional[int] = None  # model.init=random only: cut the layer count (CPU proofs)
 
 
 @dataclass
@@ -41,6 +45,9 @@ class EarlyExitConfig:
     k: int = 4  # speculative tokens proposed by the draft per step
     threshold: float = 0.5  # predictor fires when sigmoid output > threshold
     kv_policy: str = "holes"  # holes | propagate  (K/V of layers skipped by an exit)
+    # Exit decisions replayed from an exit profile folder (seeded draws) or a speed results.json
+    # (recorded per-token exit layers), while every predictor and verification still runs.
+    replay: Optional[str] = None
     predictors_path: str = "${paths.artifacts}/${model.name}_predictors"
     adainfer_path: str = "${paths.artifacts}/${model.name}_adainfer"
 
@@ -288,6 +295,11 @@ def validate(cfg) -> None:
         raise SpeceeError(
             f"model.chat_template={cfg.model.chat_template!r} is unknown; valid: {', '.join(TEMPLATES)}"
         )
+    if cfg.model.init not in ("pretrained", "random"):
+        raise SpeceeError(f"model.init={cfg.model.init!r} is unknown; valid: pretrained, random")
+    if cfg.early_exit.replay and cfg.ablation.mode != "specee":
+        raise SpeceeError(f"early_exit.replay replays SpecEE exit decisions; ablation={cfg.ablation.name} "
+                          "has none (use specee_t1, specee_t1_t2 or specee_full)")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise SpeceeError(f"model.dtype={cfg.model.dtype!r} is unknown; valid: float32, bfloat16, float16")
     a = cfg.ablation

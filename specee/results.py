@@ -37,12 +37,34 @@ def finished(out: Path) -> dict | None:
         raise SpeceeError(f"{path} is corrupt ({err}); delete it or rerun with force=true") from err
 
 
+def synthetic_inputs(cfg) -> dict:
+    """What in this run is not a trained model's behaviour, said in every result."""
+    out = {}
+    if cfg.model.get("init", "pretrained") == "random":
+        shape = cfg.model.path or f"specee/models/shapes/{cfg.model.name}.json"
+        out["weights"] = (f"random (model.init=random, shape from {shape}"
+                          + (f", cut to {cfg.model.num_layers} layers" if cfg.model.num_layers else "") + ")")
+        out["tokenizer"] = "tiny's tokenizer (prompt ids are a subset of the model's vocabulary)"
+        mode = cfg.ablation.mode
+        if mode in ("specee", "eagle"):
+            out["draft"] = "random weights of the draft head's shape"
+        if mode == "specee":
+            out["predictors"] = "random weights of the predictors' shape"
+        if mode == "adainfer":
+            out["adainfer_svm"] = "fixed stand-in coefficients"
+    replay = cfg.early_exit.get("replay")
+    if replay:
+        out["exits"] = f"replayed from {replay} (predictors and verification run, their outputs ignored)"
+    return out
+
+
 def save(out: Path, cfg, metrics: dict, extra: dict | None = None) -> Path:
     doc = {
         "specee_results": 1,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "env": environment(dtype=cfg.model.dtype, seed=cfg.seed),
+        "synthetic": synthetic_inputs(cfg),
         "metrics": metrics,
         **(extra or {}),
     }

@@ -14,30 +14,39 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
     tree_mode = mode == "eagle" or (mode == "specee" and a.decoding == "tree")
     if shadow and not (mode == "specee" and not tree_mode):
         raise SpeceeError(f"shadow exits are defined for autoregressive SpecEE only, not ablation={a.name}")
-    draft = bank = schedule = None
+    draft = bank = schedule = replay = None
+    random_init = cfg.model.init == "random"  # weights only for their cost: random artifacts too
     if mode in ("specee", "eagle"):
-        from specee.models.draft import load_draft
-        draft, _ = load_draft(project_path(cfg.draft.path), rt)
+        from specee.models.draft import DraftHead, load_draft
+        draft = DraftHead(rt.config).attach(rt).eval() if random_init else \
+            load_draft(project_path(cfg.draft.path), rt)[0]
     if mode == "specee":
         from specee.early_exit.predictor import PredictorBank
+        from specee.early_exit.replay import load_replay
         from specee.early_exit.schedule import build_schedule
-        bank, _ = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
+        if random_init:
+            bank = PredictorBank.random(rt.num_layers, ee.k, seed=cfg.seed, threshold=ee.threshold)
+        else:
+            bank, _ = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
         bank = bank.to(rt.device)  # float32: features are computed in float32
         placement = placement or cfg.placement
         schedule = build_schedule(placement, rt.num_layers, project_path(placement.profile_path))
+        replay = load_replay(ee.replay, rt.num_layers, cfg.seed)
     if mode == "dense":
         from specee.decoding.dense import DenseDecoder
         decoder = DenseDecoder(rt)
     elif tree_mode:
         from specee.decoding.tree import TreeDecoder
         tree = a.tree if isinstance(a.tree, str) else [list(p) for p in a.tree]
-        decoder = TreeDecoder(rt, draft, tree, bank, schedule, a.mapping, ee.k, ee.kv_policy)
+        decoder = TreeDecoder(rt, draft, tree, bank, schedule, a.mapping, ee.k, ee.kv_policy, replay)
     elif mode == "specee":
         from specee.decoding.specee_ar import SpecEEDecoder
-        decoder = SpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow)
+        decoder = SpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow, replay)
     elif mode == "adainfer":
         from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
-        decoder = AdaInferDecoder(rt, AdaInferSVM.load(project_path(ee.adainfer_path)), ee.kv_policy)
+        svm = AdaInferSVM([1.0, 1.0], -1.5, {"synthetic": "fixed random-init stand-in"}) if random_init \
+            else AdaInferSVM.load(project_path(ee.adainfer_path))
+        decoder = AdaInferDecoder(rt, svm, ee.kv_policy)
     else:
         raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer, eagle")
     decoder.profile_phases = profile_phases

@@ -34,14 +34,16 @@ class ARSession:
     state: object  # the schedule's per-request state
     token: torch.Tensor  # last emitted token (on the runtime's device)
     f: torch.Tensor  # its feature norm(h_exit), read by the draft
+    replay: object = None  # the exit replay's per-request state
 
 
 class SpecEEDecoder(LoopDecoder):
     name = "specee"
 
     def __init__(self, rt: LayerwiseLM, draft: DraftHead, predictors: PredictorBank, k: int = 4,
-                 kv_policy: str = "holes", schedule=None, shadow: bool = False):
+                 kv_policy: str = "holes", schedule=None, shadow: bool = False, replay=None):
         self.rt, self.draft, self.predictors, self.k = rt, draft, predictors, k
+        self.replay = replay  # ExitReplay: exits where it says; all the work still done
         # shadow: also evaluate unscheduled layers (statistics only; it costs time) to find the
         # layer where the all-layers policy would have exited.
         self.shadow = shadow
@@ -62,7 +64,8 @@ class SpecEEDecoder(LoopDecoder):
         n = prompt_ids.shape[1] + max_new_tokens
         cache, dcache = self.rt.new_cache(n), self.draft.new_cache(n)
         token, f = self._prefill(prompt_ids, cache, dcache)
-        return ARSession(cache, dcache, self.schedule.new_request(), token, f), int(token)
+        replay = self.replay.new_request(prompt_ids) if self.replay else None
+        return ARSession(cache, dcache, self.schedule.new_request(), token, f, replay), int(token)
 
     @torch.inference_mode()
     def propose(self, token, f_prev, dcache):
@@ -76,14 +79,20 @@ class SpecEEDecoder(LoopDecoder):
         spec = self.propose(s.token, s.f, s.dcache)
         spec_list = timer.host_list(spec)
         timer.lap("draft")
-        s.token, s.f, exit_layer, trace = self.decode_one_token(s.token, spec, spec_list, s.cache, s.state, timer)
+        target = self.replay.target(s.replay) if self.replay else None
+        s.token, s.f, exit_layer, trace = self.decode_one_token(s.token, spec, spec_list, s.cache, s.state,
+                                                                timer, target)
         trace["spec"] = spec_list
+        if target is not None:
+            trace["replay_target"] = target
         return Step([timer.host_int(s.token)], exit_layer, trace | timer.trace())
 
     @torch.inference_mode()
-    def decode_one_token(self, token, spec, spec_list, cache, state, timer: PhaseTimer):
+    def decode_one_token(self, token, spec, spec_list, cache, state, timer: PhaseTimer, target=None):
         """Run ``token`` up the stack until a verified exit; return (next token, its feature
-        norm(h_exit), exit layer, trace counters). The next token stays on the device."""
+        norm(h_exit), exit layer, trace counters). The next token stays on the device. With a
+        replay ``target`` the predictors still run but the exit is taken at the first scheduled
+        layer >= target, after its verification LM head."""
         rt, pred = self.rt, self.predictors
         probe = SpecProbe(rt, spec)
         pos = rt.positions(cache, 1)
@@ -98,13 +107,15 @@ class SpecEEDecoder(LoopDecoder):
             feats, p_prev[0] = features_from_logits(probe.logits(h), p_prev[0])
             counts["pred_calls"] += 1
             fire = timer.host_bool(pred.decide(i, feats))
+            if target is not None:
+                fire = i >= target
             timer.lap("predictors")
             if not fire:
                 return None
             counts["verify_calls"] += 1
             normed = rt.norm(h)[0, 0]
             cand = rt.lm_head(normed).argmax()
-            hit = timer.host_int(cand) in spec_list
+            hit = timer.host_int(cand) in spec_list or target is not None
             timer.lap("verification")
             return (cand, normed) if hit else None
 

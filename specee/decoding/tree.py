@@ -66,6 +66,7 @@ class TreeSession:
     root: int  # the last emitted token, not yet in the base cache
     pend_ids: torch.Tensor  # accepted tokens the draft has not read yet (ending with the root)
     pend_feats: torch.Tensor  # their base features
+    replay: object = None  # the exit replay's per-request state
 
 
 class TreeDecoder(LoopDecoder):
@@ -73,8 +74,9 @@ class TreeDecoder(LoopDecoder):
     multi_token = True
 
     def __init__(self, rt: LayerwiseLM, draft, tree="small", predictors=None, schedule=None,
-                 mapping: str | None = None, k: int = 4, kv_policy: str = "holes"):
+                 mapping: str | None = None, k: int = 4, kv_policy: str = "holes", replay=None):
         self.rt, self.draft, self.predictors, self.k = rt, draft, predictors, k
+        self.replay = replay  # ExitReplay (with predictors): the step exits where it says
         self.tree = build(tree)
         self.kv_policy = check_policy(kv_policy)
         self.schedule = schedule or AllLayers(rt.num_layers)
@@ -144,7 +146,7 @@ class TreeDecoder(LoopDecoder):
 
     # -- verify ---------------------------------------------------------------------------
     @torch.inference_mode()
-    def verify(self, tokens, spec, cache, state, timer: PhaseTimer):
+    def verify(self, tokens, spec, cache, state, timer: PhaseTimer, target=None):
         """One base forward over the tree; returns (walk, predictions, features of the walk, exit, trace)."""
         rt, tr, pred = self.rt, self.tree, self.predictors
         ids = torch.tensor([tokens], device=rt.device)
@@ -169,12 +171,15 @@ class TreeDecoder(LoopDecoder):
             fires = timer.host_list(torch.stack(decisions))  # one sync per layer, not per unit
             counts["pred_calls"] += len(fires)
             timer.lap("predictors")
+            if target is not None:  # replay: exit here iff the target is reached
+                fires = [i >= target] * len(fires)
             if not any(fires):
                 return None
             counts["verify_calls"] += 1
             nxt = timer.host_list(rt.lm_head(normed).argmax(-1))
             walk = tr.walk(nxt, tokens)
-            ok = all(fires[u] for u in self.needed(walk)) and all(nxt[v] in spec[v] for v in walk)
+            ok = target is not None or (all(fires[u] for u in self.needed(walk))
+                                        and all(nxt[v] in spec[v] for v in walk))
             timer.lap("verification")
             return (walk, nxt, normed) if ok else None
 
@@ -208,7 +213,8 @@ class TreeDecoder(LoopDecoder):
         if prompt_ids.shape[1] > 1:  # the draft's history: pairs (x[i+1], f[i])
             self.draft(prompt_ids[:, 1:], f[:, :-1], dcache)
         root_t = rt.lm_head(f[:, -1])[0].argmax()
-        s = TreeSession(cache, dcache, self.schedule.new_request(), int(root_t), root_t.view(1, 1), f[:, -1:])
+        s = TreeSession(cache, dcache, self.schedule.new_request(), int(root_t), root_t.view(1, 1), f[:, -1:],
+                        self.replay.new_request(prompt_ids) if self.replay else None)
         return s, s.root
 
     @torch.inference_mode()
@@ -217,7 +223,10 @@ class TreeDecoder(LoopDecoder):
         timer.start()
         nodes, spec = self.draft_tree(s.root, s.pend_ids, s.pend_feats, s.dcache, timer)
         timer.lap("draft")
-        walk, nxt, feats, exit_layer, trace = self.verify(nodes, spec, s.cache, s.state, timer)
+        target = self.replay.target(s.replay) if self.replay and self.predictors is not None else None
+        walk, nxt, feats, exit_layer, trace = self.verify(nodes, spec, s.cache, s.state, timer, target)
+        if target is not None:
+            trace["replay_target"] = target
         new = [nodes[v] for v in walk[1:]] + [nxt[walk[-1]]]
         s.root = new[-1]
         s.pend_ids, s.pend_feats = torch.tensor([new], device=self.rt.device), feats[None]

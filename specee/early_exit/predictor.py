@@ -144,6 +144,21 @@ class PredictorBank(nn.Module):
         return bank, card
 
     @classmethod
+    def random(cls, num_layers: int, k: int, hidden: int = 512, seed: int = 0,
+               threshold: float = 0.5) -> "PredictorBank":
+        """Predictors of the trained shape with random weights: their cost, not their decisions
+        (``model.init=random``)."""
+        bank = cls(num_layers, k, hidden, threshold)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for i in range(num_layers):
+                mlp = make_mlp(k, hidden)
+                for prm in mlp.parameters():
+                    prm.copy_(torch.randn(prm.shape, generator=g) * 0.1)
+                bank.put(i, mlp)
+        return bank
+
+    @classmethod
     def constant(cls, num_layers: int, k: int, fire: bool) -> "PredictorBank":
         """A bank that always (fire=True) or never says "exit" — for ablations and tests."""
         bank = cls(num_layers, k, hidden=1)

@@ -1,7 +1,11 @@
-"""Load a causal LM + tokenizer from a local directory (or, only if asked, from the hub)."""
+"""Load a causal LM + tokenizer from a local directory (or, only if asked, from the hub), or build
+one with random weights from a shipped architecture config (``model.init=random``)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -10,6 +14,10 @@ from specee.errors import SpeceeError
 from specee.io import project_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHAPES = Path(__file__).resolve().parent / "shapes"
+# Random-weight models read prompts through tiny's tokenizer: its ids are a valid subset of any
+# of the shipped vocabularies; generated ids beyond it decode to nothing (never shown to a reader).
+RANDOM_INIT_TOKENIZER = "specee/artifacts/tiny"
 
 
 def resolve_device(device: str) -> str:
@@ -47,6 +55,11 @@ def checkpoint_dir(model_cfg) -> str:
 
 def load_model(model_cfg):
     """Return (model, tokenizer) in eval mode, dtype and device from the config."""
+    if model_cfg.init == "random":
+        return random_model(model_cfg)
+    if model_cfg.num_layers is not None:
+        raise SpeceeError("model.num_layers cuts the layer count of a model.init=random shape only; "
+                          "a pretrained checkpoint keeps all its layers")
     device = resolve_device(model_cfg.device)
     src = checkpoint_dir(model_cfg)
     dtype = DTYPES[model_cfg.dtype]
@@ -62,4 +75,72 @@ def load_model(model_cfg):
                           "Is the folder complete and uncorrupted?") from err
     if device != "auto":
         model = model.to(device)
+    return model.eval(), tokenizer
+
+
+def shape_config(model_cfg):
+    """The architecture config of ``model=<name> model.init=random``: the config.json of
+    model.path when given (a local checkpoint's shape, weights not read), else the shipped
+    ``specee/models/shapes/<name>.json``; ``model.num_layers`` cuts the layer count."""
+    from transformers import AutoConfig
+    if model_cfg.path:
+        src = project_path(model_cfg.path) / "config.json"
+        if not src.is_file():
+            raise SpeceeError(f"model.init=random with model.path={model_cfg.path}: no config.json there")
+    else:
+        src = SHAPES / f"{model_cfg.name}.json"
+        if not src.is_file():
+            raise SpeceeError(f"model.init=random: no shipped shape for model={model_cfg.name}; shapes: "
+                              f"{', '.join(sorted(p.stem for p in SHAPES.glob('*.json')))} (or give model.path "
+                              "of a folder with its config.json)")
+    values = {k: v for k, v in json.loads(src.read_text()).items() if not k.startswith("_")}
+    config = AutoConfig.for_model(**values)
+    if model_cfg.num_layers is not None:
+        if not 1 <= model_cfg.num_layers <= config.num_hidden_layers:
+            raise SpeceeError(f"model.num_layers={model_cfg.num_layers} must lie in 1..{config.num_hidden_layers}")
+        config.num_hidden_layers = model_cfg.num_layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[: model_cfg.num_layers]
+    return config
+
+
+def parameter_bytes(config, dtype: torch.dtype) -> int:
+    """Weights of a Llama-family decoder of this config, in bytes (embeddings + layers + head)."""
+    d, f, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or d // config.num_attention_heads
+    kv = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * head_dim
+    attn = d * (config.num_attention_heads * head_dim) * 2 + 2 * d * kv
+    per_layer = attn + 3 * d * f + 2 * d
+    total = 2 * config.vocab_size * d + n * per_layer + d
+    return total * torch.tensor([], dtype=dtype).element_size()
+
+
+def _available_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024
+
+
+def random_model(model_cfg):
+    """A model of the configured shape with random weights, built directly on its device in its
+    dtype (no CPU copy of 7B parameters), with tiny's tokenizer. Refused up front if it cannot fit."""
+    device = resolve_device(model_cfg.device)
+    if device == "auto":
+        raise SpeceeError("model.init=random builds on one device; set model.device=cuda or cpu")
+    config = shape_config(model_cfg)
+    dtype = DTYPES[model_cfg.dtype]
+    need = parameter_bytes(config, dtype)
+    have = _available_bytes(device)
+    if need > 0.9 * have:
+        raise SpeceeError(f"model={model_cfg.name} model.init=random needs {need / 2**30:.1f} GiB for its weights "
+                          f"({config.num_hidden_layers} layers, {model_cfg.dtype}); {device} has "
+                          f"{have / 2**30:.1f} GiB available. Cut the layers (model.num_layers=N) or use a "
+                          "larger device")
+    torch.manual_seed(int(os.environ.get("SPECEE_RANDOM_INIT_SEED", "0")))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(project_path(RANDOM_INIT_TOKENIZER))
     return model.eval(), tokenizer
