@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from specee import data, results
 from specee.decoding import build_decoder
-from specee.early_exit.schedule import PROFILE, offline_set
+from specee.early_exit.schedule import PROFILE, offline_rule, offline_set
 from specee.errors import SpeceeError
 from specee.io import atomic_dir, project_path
 from specee.models.loader import load_model
@@ -46,9 +46,8 @@ def run(cfg) -> dict:
         "predictors": str(cfg.early_exit.predictors_path), "k": cfg.early_exit.k,
         "threshold": cfg.early_exit.threshold, "kv_policy": cfg.early_exit.kv_policy,
         "command": results.command_line(),
-        "default_offline_set": offline_set(exits, cfg.placement.m, cfg.placement.coverage),
-        "offline_rule": f"smallest M whose layers hold >= {cfg.placement.coverage:.0%} of exits "
-                        "(placement.coverage), unless placement.m is set",
+        "default_offline_set": offline_set(exits, *offline_rule(cfg.placement, rt.num_layers)[:2]),
+        "offline_rule": offline_rule(cfg.placement, rt.num_layers)[2],
     }
     out = project_path(e.out_dir)
     with atomic_dir(out) as tmp:

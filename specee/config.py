@@ -57,8 +57,8 @@ class PlacementConfig:
     name: str = MISSING  # all_layers | offline_topm | online_union | online_only
     offline: bool = False
     online: bool = False
-    m: Optional[int] = None  # offline top-M; None = smallest M covering `coverage` of exits
-    coverage: float = 0.8
+    m: Optional[int] = None  # offline top-M; None = the paper's 8 of 32 layers (round(L/4)), unless coverage
+    coverage: Optional[float] = None  # with m unset: smallest M whose layers hold this share of exits
     n_history: int = 5  # N: exits remembered per request
     window: Optional[int] = None  # w; None = round(2 * num_layers / 32), at least 1
     reference_variant: bool = False  # history shared across requests, offsets {-w, 0, +w}

@@ -116,3 +116,13 @@ def test_hit_rate_against_hand_counts():
     d = distribution([0, 0, 1, 11], 12)
     assert d["share_of_exits_in_bottom_half"] == 0.75 and d["share_without_exit"] == 0.25
     assert d["share_of_layers_below_uniform"] == pytest.approx(9 / 12)
+
+
+def test_offline_rule_is_the_papers_m_unless_told_otherwise():
+    from specee.early_exit.schedule import offline_rule
+    p = lambda **kw: OmegaConf.structured(PlacementConfig(name="online_union", offline=True, online=True, **kw))  # noqa: E731
+    assert offline_rule(p(), 32)[0] == 8  # the paper's 8 of 32, unscaled on a 32-layer model
+    assert offline_rule(p(), 24)[0] == 6 and offline_rule(p(), 80)[0] == 20
+    assert offline_rule(p(m=3), 32)[0] == 3
+    m, coverage, why = offline_rule(p(coverage=0.8), 32)
+    assert m is None and coverage == 0.8 and "80%" in why

@@ -13,6 +13,12 @@ ART = ROOT / "specee" / "artifacts"
 def test_tiny_is_deep_small_and_described():
     cfg = json.loads((TINY / "config.json").read_text())
     assert cfg["num_hidden_layers"] >= 24 and cfg["architectures"] == ["LlamaForCausalLM"]
+    # Llama-2-7B's proportions: full multi-head attention, MLP ~2.7x, LM head ~0.65 of a layer.
+    d = cfg["hidden_size"]
+    assert cfg["num_key_value_heads"] == cfg["num_attention_heads"] and not cfg["tie_word_embeddings"]
+    assert 2.4 <= cfg["intermediate_size"] / d <= 3.0
+    layer = 4 * d * d + 3 * d * cfg["intermediate_size"] + 2 * d
+    assert 0.55 <= cfg["vocab_size"] * d / layer <= 0.8, cfg["vocab_size"] * d / layer
     size = sum(f.stat().st_size for f in TINY.iterdir())
     assert size <= 30 * 2**20, f"tiny artifact is {size / 2**20:.1f} MB"
     card = json.loads((TINY / "model_card.json").read_text())
@@ -33,15 +39,15 @@ def test_tiny_card_hashes_match_the_training_corpora():
         assert data.sha256(data.data_file(DATA_ROOT, rel)) == sha
 
 
-def test_tiny_perplexity_matches_its_card(tiny):
-    from experiments.train_base import validation_ppl
+def test_tiny_bits_per_byte_match_its_card(tiny):
+    from experiments.train_base import validation_bits_per_byte
     model, tok = tiny
     card = json.loads((TINY / "model_card.json").read_text())
     stories = data.tinystories_valid(DATA_ROOT).documents[:40]
-    ppl = validation_ppl(model, tok, stories, 256)
+    bpb = validation_bits_per_byte(model, tok, stories, 256)
     # Same model, a subset of the card's 500 stories (bf16 weights run in float32 here).
-    assert ppl < 1.5 * card["validation"]["val_ppl"], (ppl, card["validation"]["val_ppl"])
-    assert ppl < 100, "tiny should model TinyStories far better than a unigram model"
+    assert bpb < 1.15 * card["validation"]["val_bits_per_byte"], (bpb, card["validation"])
+    assert bpb < 2.0, "tiny should model TinyStories far better than a unigram model (~4.5 bits/byte)"
 
 
 @pytest.mark.parametrize("folder,card", [("tiny_draft", "draft_card.json"),

@@ -1,7 +1,8 @@
 """Which layers run a predictor for the next token (SpecEE §5: two-level scheduling).
 
 - offline: the top-M layers of a per-model exit profile (``profile_exits`` recipe), M either
-  given or the smallest M whose layers hold ``coverage`` of the profiled exits;
+  given, or the paper's M = 8 of 32 layers scaled with depth (``round(L/4)``), or — with
+  ``placement.coverage`` set — the smallest M whose layers hold that share of the profiled exits;
 - online: per request, a circular queue of the last N exit layers and a per-layer count array;
   each recorded exit x adds 1 to layers x-w..x+w, and layers with count > 0 form the online set;
 - the active set for a token is online ∪ offline (either part may be disabled).
@@ -58,6 +59,17 @@ def offline_set(counts: list[int], m: int | None, coverage: float) -> list[int]:
             acc += counts[i]
             m += 1
     return sorted(order[:m])
+
+
+def offline_rule(placement, num_layers: int) -> tuple[int | None, float, str]:
+    """(m, coverage, description) for offline_set from a placement node."""
+    if placement.m is not None:
+        return placement.m, 1.0, f"top M={placement.m} layers by exit count (placement.m)"
+    if placement.get("coverage") is not None:
+        c = placement.coverage
+        return None, c, f"smallest M whose layers hold >= {c:.0%} of exits (placement.coverage)"
+    m = max(1, round(num_layers / 4))
+    return m, 1.0, f"top M={m} layers by exit count: the paper's 8 of 32 layers, scaled with depth (round(L/4))"
 
 
 def window_offsets(w: int, reference_variant: bool) -> list[int]:
@@ -140,7 +152,8 @@ def build_schedule(placement, num_layers: int, profile_dir: Path | None):
     offline = None
     if placement.offline:
         prof = load_profile(profile_dir, num_layers)
-        offline = offline_set(prof["exit_counts"][: num_layers - 1], placement.m, placement.coverage)
+        m, coverage, _ = offline_rule(placement, num_layers)
+        offline = offline_set(prof["exit_counts"][: num_layers - 1], m, coverage)
     w = placement.window if placement.window is not None else default_window(num_layers)
     return TwoLevelSchedule(num_layers, offline, placement.online, placement.n_history, w,
                             placement.reference_variant)
