@@ -62,6 +62,28 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
     return metrics, samples, seconds
 
 
+def item_records(samples: dict) -> dict[str, dict]:
+    """Per task, per item: the chosen answer (multiple choice: the index of the highest
+    log-likelihood; generation: the filtered text), its log-likelihood and the mean layers used."""
+    out = {}
+    for task, rows in samples.items():
+        items = {}
+        for srow in rows:
+            fr = srow.get("filtered_resps")
+            if isinstance(fr, list) and fr and isinstance(fr[0], (list, tuple)) and isinstance(fr[0][0], (int, float)):
+                lls = [float(x[0]) for x in fr]
+                answer = max(range(len(lls)), key=lls.__getitem__)
+                loglik = round(lls[answer], 4)
+            else:
+                answer = fr[0] if isinstance(fr, list) and fr else fr
+                loglik = None
+            recs = srow.get("specee") or []
+            layers = round(sum(r["mean_layers"] for r in recs) / len(recs), 4) if recs else None
+            items[str(srow["doc_id"])] = {"answer": answer, "loglik": loglik, "layers": layers}
+        out[task] = items
+    return out
+
+
 def calibration_overlap(cfg, samples: dict) -> int | None:
     """GSM8K items that were also predictor/SVM calibration prompts (Spec-Bench math = GSM8K test)."""
     card = project_path(cfg.early_exit.predictors_path) / "predictors_card.json"
@@ -81,8 +103,11 @@ def run(cfg) -> dict:
         print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
         if e.check_baseline:  # a skipped run must not hide drift
             baseline = project_path(e.baseline)
-            _verdict(baseline, *drift.check(baseline, cfg.ablation.name, done["settings"],
-                                            done["metrics"]["accuracy"]))
+            samples = {t: [json.loads(l) for l in (out / f"samples_{t}.jsonl").read_text().splitlines()]
+                       for t in done["metrics"]["accuracy"] if (out / f"samples_{t}.jsonl").is_file()}
+            rows, ok, gate = drift.check(baseline, cfg.ablation.name, done["settings"], done["metrics"]["accuracy"],
+                                         item_records(samples), e.drift_gate, done.get("env"))
+            _verdict(baseline, rows, ok, gate)
         return done["metrics"]
     names = list(e.tasks)
     if e.task_source == "shipped":
@@ -119,12 +144,15 @@ def run(cfg) -> dict:
         extra["repeat"] = {t: {"spread": spread[t], "identical_responses":
                                [s["resps"] for s in samples[t]] == [s["resps"] for s in again_samples[t]]}
                            for t in names}
+        env = environment()
         drift.update(baseline, cfg.model.name, cfg.ablation.name, settings, metrics, spread,
-                     {"packages": environment()["packages"], "device": str(rt.device)})
+                     {"packages": env["packages"], "cpu": env["cpu"], "gpus": env["gpus"],
+                      "device": str(rt.device)}, item_records(samples))
         print(f"updated baseline {baseline} ({cfg.ablation.name}): spread {spread}")
     if e.check_baseline:
-        rows, ok = drift.check(baseline, cfg.ablation.name, settings, metrics)
-        extra["drift"] = {"baseline": str(baseline), "ok": ok, "rows": rows}
+        rows, ok, gate = drift.check(baseline, cfg.ablation.name, settings, metrics, item_records(samples),
+                                     e.drift_gate, environment())
+        extra["drift"] = {"baseline": str(baseline), "ok": ok, **gate, "rows": rows}
 
     for name, logged in samples.items():
         with open(out / f"samples_{name}.jsonl", "w") as f:
@@ -138,11 +166,13 @@ def run(cfg) -> dict:
               f"truncated {t.get('truncated', 0)}")
     print(f"wrote {path}")
     if e.check_baseline:
-        _verdict(baseline, rows, ok)
+        _verdict(baseline, rows, ok, gate)
     return m
 
 
-def _verdict(baseline: Path, rows: list[dict], ok: bool) -> None:
+def _verdict(baseline: Path, rows: list[dict], ok: bool, gate: dict) -> None:
+    print(f"drift gate: {gate['gate']} ({gate['reason']})")
     print(drift.table(rows))
     if not ok:
-        raise SpeceeError(f"accuracy drifted beyond tolerance from {baseline}:\n{drift.table(rows)}")
+        raise SpeceeError(f"accuracy drifted from {baseline} ({gate['gate']} gate: {gate['reason']}):\n"
+                          f"{drift.table(rows)}")

@@ -19,7 +19,8 @@ from specee.io import PROJECT_ROOT, project_path
 
 def plan(cfg) -> list[tuple[str, list[str]]]:
     e = cfg.experiment
-    common = [f"model={cfg.model.name}", f"paths.data_root={cfg.paths.data_root}", f"seed={cfg.seed}"]
+    common = [f"model={cfg.model.name}", f"paths.data_root={cfg.paths.data_root}",
+              f"paths.artifacts={cfg.paths.artifacts}", f"seed={cfg.seed}"]
     if cfg.model.path:
         common.append(f"model.path={cfg.model.path}")
     if cfg.threads:

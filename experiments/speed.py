@@ -9,7 +9,8 @@ from tqdm import tqdm
 
 from specee import results
 from specee.bench.power import EnergyMeter
-from specee.bench.speed import hf_generate, match_rate, speed_metrics
+from specee.bench.speed import hf_generate, match_rate, noisy_reasons, paired_speedup_ci, speed_metrics
+from specee.env import machine_load
 from specee.data import load_prompt_set
 from specee.decoding import build_decoder
 from specee.decoding.dense import DenseDecoder
@@ -129,6 +130,11 @@ def run(cfg) -> dict:
     meters = {"mode": EnergyMeter.for_device(rt.device), "dense": EnergyMeter.for_device(rt.device)}
     dense_gens, mode_gens, hf_s, hf_match = [], [], 0.0, []
     per_prompt = []
+    load_before = machine_load()
+    if load_before["busy"]:
+        print(f"warning: the machine is busy (other processes' CPU share {load_before['other_cpu_share']}); "
+              "timings will be noise and the result will be marked noisy")
+    slot = 0
     for _ in range(cfg.experiment.repeats):
         for p in tqdm(prompts, desc=f"speed {cfg.ablation.name}"):
             # Multi-turn prompts run as a conversation: turn k sees the dense model's earlier
@@ -136,10 +142,15 @@ def run(cfg) -> dict:
             history = []
             for turn, user in enumerate(p["turns"]):
                 ids = encode(format_conversation(template, history + [(user, None)]))
-                with meters["dense"].region():
-                    ref = dense.generate(ids, n_new, eos)
-                with meters["mode"].region():
-                    gen = decoder.generate(ids, n_new, eos)
+                # Alternate the order (dense, mode), (mode, dense), ... so drift in the machine's
+                # speed (clocks, caches, neighbours) does not favour one side.
+                order = ("dense", "mode") if slot % 2 == 0 else ("mode", "dense")
+                slot += 1
+                side_gen = {}
+                for side in order:
+                    with meters[side].region():
+                        side_gen[side] = (dense if side == "dense" else decoder).generate(ids, n_new, eos)
+                ref, gen = side_gen["dense"], side_gen["mode"]
                 dense_gens.append(ref)
                 mode_gens.append(gen)
                 row = {"id": p["id"], "category": p["category"], "turn": turn, "prompt_tokens": ids.shape[1],
@@ -159,6 +170,7 @@ def run(cfg) -> dict:
     m = speed_metrics(mode_gens, rt.num_layers)
     d = speed_metrics(dense_gens, rt.num_layers)
     m["speedup_vs_dense"] = m["decode_tokens_per_s"] / d["decode_tokens_per_s"]
+    m["speedup_vs_dense_ci"] = paired_speedup_ci(per_prompt, seed=cfg.seed)
     m["match_rate_vs_dense"] = match_rate([g.tokens for g in dense_gens], [g.tokens for g in mode_gens])
     m["dense"] = d
     m["energy"] = meters["mode"].summary(m["generated_tokens"])
@@ -177,6 +189,11 @@ def run(cfg) -> dict:
         dense_total = sum(g.prefill_s + g.decode_s for g in dense_gens)
         m["hf_generate_ratio"] = dense_total / hf_s
         m["hf_generate_identical_share"] = sum(hf_match) / len(hf_match)
+    m["noisy_reasons"] = noisy_reasons(m, cfg.ablation.mode, load_before, machine_load())
+    m["noisy"] = bool(m["noisy_reasons"])
+    m["machine_load_before"] = load_before
+    if m["noisy"]:
+        print("warning: this measurement is marked noisy: " + "; ".join(m["noisy_reasons"]))
     m["prompts"] = len(prompts)
     m["truncated_prompts"] = len(truncated)  # kept their last max_positions - max_new_tokens tokens
     m["turns"] = len(per_prompt) // max(1, cfg.experiment.repeats)
@@ -184,7 +201,8 @@ def run(cfg) -> dict:
     path = results.save(out, cfg, m, {"prompts": per_prompt, "chat_template": cfg.model.chat_template,
                                       "device": str(rt.device)})
     print(f"{cfg.ablation.name}: {m['tokens_per_s']:.1f} tok/s, avg_layers {m['avg_layers']:.2f}/"
-          f"{m['num_layers']}, speedup_vs_dense {m['speedup_vs_dense']:.3f}, "
+          f"{m['num_layers']}, speedup_vs_dense {m['speedup_vs_dense']:.3f} "
+          f"[{m['speedup_vs_dense_ci'][0]:.3f}, {m['speedup_vs_dense_ci'][1]:.3f}], "
           f"match {m['match_rate_vs_dense']:.3f}"
           + (f", hf_generate_ratio {m['hf_generate_ratio']:.3f}" if "hf_generate_ratio" in m else ""))
     print(f"wrote {path}")

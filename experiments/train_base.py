@@ -324,7 +324,8 @@ def _card_markdown(card: dict) -> str:
         f"{c['intermediate_size']}, {attn}, vocab {c['vocab_size']} byte-level BPE), trained from "
         "scratch by specee on TinyStories and public-domain children's books. It exists so that every "
         "code path runs on a CPU without a model hub; it is not a useful assistant.", "",
-        f"- command: `{card['command']}` (seed {card['seed']})",
+        f"- command: `{card['command']}` (seed {card['seed']}), with `paths.data_root` pointing at a data "
+        "root that holds the training corpora below (not shipped; see the README)",
         f"- steps: {card['steps']} of {card['steps_planned']} planned, tokens seen: {card['tokens_seen']:,}, "
         f"train time {card['train_seconds'] / 60:.1f} min on {card['threads']} CPU threads"
         + (f" (resumed at steps {card['resumed_at_steps']})" if card.get("resumed_at_steps") else ""),
@@ -352,6 +353,8 @@ def _card_markdown(card: dict) -> str:
             "emergent behaviour of large models — its exit-layer distribution and context similarity "
             "are measured, not assumed to match Llama-2's.", "",
         ]
+    if card.get("notes"):
+        lines += ["## Training notes", "", *[f"- {n}" for n in card["notes"]], ""]
     curve_key = "val_bpb" if card["val_curve"] and "val_bpb" in card["val_curve"][0] else "val_ppl"
     lines += [
         "## Validation during training", "", f"| step | {curve_key} |", "|---|---|",

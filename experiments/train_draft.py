@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 import time
@@ -23,7 +22,7 @@ from tqdm import tqdm
 from specee import data, results
 from specee.io import atomic_dir, project_path
 from specee.models.draft import DraftHead
-from specee.models.loader import load_model
+from specee.models.loader import load_model, weights_fingerprint
 from specee.prompts import format_conversation
 from specee.runtime import LayerwiseLM
 
@@ -125,8 +124,7 @@ def run(cfg) -> dict:
     quality = agreement(head, blocks[ev], feats[ev], e.k)
     print(f"draft agreement on {quality['positions']} held-out positions: top1 {quality['top1']:.3f}, "
           f"top{e.k} {quality[f'top{e.k}']:.3f}")
-    base_hash = hashlib.sha256(b"".join(
-        v.detach().float().cpu().numpy().tobytes()[:4096] for v in model.state_dict().values())).hexdigest()
+    base_hash = weights_fingerprint(model)
     card = {
         "format": "specee-draft-1", "architecture": "EAGLE-1 (fc 2d->d + 1 decoder layer, shared lm_head)",
         "base_model": cfg.model.name, "base_num_layers": rt.num_layers,

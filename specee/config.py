@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from specee.errors import SpeceeError
 
@@ -114,8 +114,8 @@ class TrainBaseExperiment:
     num_kv_heads: int = 6
     seq_len: int = 256
     batch_size: int = 8
-    steps: int = 1900
-    lr: float = 6e-4
+    steps: int = 1300
+    lr: float = 4e-4  # 6e-4 (the 24-layer recipe) threw non-finite gradient norms from step 400 at 32 layers
     min_lr_ratio: float = 0.1
     warmup_steps: int = 200
     weight_decay: float = 0.1
@@ -124,7 +124,7 @@ class TrainBaseExperiment:
     eval_every: int = 250
     eval_stories: int = 100  # validation stories during training
     final_eval_stories: int = 500
-    max_skipped_steps: int = 10  # non-finite batches tolerated (skipped) before giving up
+    max_skipped_steps: int = 30  # non-finite batches tolerated (skipped) before giving up
     max_minutes: Optional[float] = None  # stop early (and say so in the card) after this long
     save_dtype: str = "bfloat16"
     checkpoint_dir: str = "runs/checkpoints/train_base/${model.name}"  # resume point
@@ -233,6 +233,7 @@ class AccuracyExperiment:
     baseline: str = "specee/evaluation/baselines/${model.name}.json"
     update_baseline: bool = False  # evaluate twice, write this ablation's entries
     check_baseline: bool = False  # compare with the baseline; exit 2 on drift
+    drift_gate: str = "auto"  # exact (per item) | interval (accuracy) | auto: exact on the baseline's machine class
     include_path: Optional[str] = None  # a folder of your own lm-eval task YAMLs
     task_source: str = "shipped"  # shipped (offline) | lm_eval (also lm-eval's registry: network or HF cache)
 
@@ -281,7 +282,16 @@ SCHEMAS = {
 }
 
 
+def safe_dirname(name: str) -> str:
+    """A sweep job's folder name from its overrides, kept inside the sweep folder: path
+    separators become '%2F' and a leading dot is escaped, so no override value walks out."""
+    name = str(name).replace("\\", "%5C").replace("/", "%2F")
+    return "%2E" + name[1:] if name.startswith(".") else name or "_"
+
+
 def register() -> None:
+    if not OmegaConf.has_resolver("specee_dirname"):
+        OmegaConf.register_new_resolver("specee_dirname", safe_dirname)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for (group, name), node in SCHEMAS.items():
@@ -326,8 +336,50 @@ def validate(cfg) -> None:
     if cfg.early_exit.k < 1:
         raise SpeceeError("early_exit.k must be >= 1")
     _validate_dataset(cfg.dataset)
-    if cfg.experiment._target_ == "experiments.accuracy.run" and cfg.experiment.task_source not in ("shipped", "lm_eval"):
-        raise SpeceeError(f"experiment.task_source={cfg.experiment.task_source!r} is unknown; valid: shipped, lm_eval")
+    _validate_ranges(cfg)
+    if cfg.experiment._target_ == "experiments.accuracy.run":
+        if cfg.experiment.task_source not in ("shipped", "lm_eval"):
+            raise SpeceeError(f"experiment.task_source={cfg.experiment.task_source!r} is unknown; valid: shipped, lm_eval")
+        if cfg.experiment.drift_gate not in ("auto", "exact", "interval"):
+            raise SpeceeError(f"experiment.drift_gate={cfg.experiment.drift_gate!r} is unknown; valid: auto, exact, interval")
+
+
+def _at_least(value, low, key: str, why: str = "") -> None:
+    if value is not None and value < low:
+        raise SpeceeError(f"{key}={value} must be >= {low}{why}")
+
+
+def _validate_ranges(cfg) -> None:
+    """Numeric fields against their ranges, and the tree spec, before any work."""
+    d, p, ee, e = cfg.dataset, cfg.placement, cfg.early_exit, cfg.experiment
+    _at_least(d.max_new_tokens, 1, "dataset.max_new_tokens")
+    _at_least(p.n_history, 1, "placement.n_history", " (N exits remembered)")
+    _at_least(p.window, 0, "placement.window", " (layers each side of a recorded exit)")
+    _at_least(p.m, 1, "placement.m", " (offline top-M layers)")
+    if p.coverage is not None and not 0 < p.coverage <= 1:
+        raise SpeceeError(f"placement.coverage={p.coverage} must lie in (0, 1]")
+    if not 0.0 <= ee.threshold <= 1.0:
+        raise SpeceeError(f"early_exit.threshold={ee.threshold} must lie in [0, 1]")
+    _at_least(cfg.threads, 1, "threads")
+    _at_least(cfg.model.num_layers, 1, "model.num_layers")
+    for key in ("repeats",):
+        if key in e:
+            _at_least(e[key], 1, f"experiment.{key}")
+    for key in ("warmup", "num_fewshot", "max_n"):
+        if key in e:
+            _at_least(e[key], 0 if key != "max_n" else 1, f"experiment.{key}")
+    for key in ("limit", "max_gen_tokens", "steps", "batch_size", "epochs", "max_tokens", "count"):
+        if key in e and e[key] is not None:
+            _at_least(e[key], 1, f"experiment.{key}")
+    a = cfg.ablation
+    if a.mode in ("eagle", "specee") and (a.mode == "eagle" or a.decoding == "tree"):
+        from specee.decoding.tree_shape import build
+        tree = a.tree if isinstance(a.tree, str) else OmegaConf.to_container(a.tree) \
+            if OmegaConf.is_config(a.tree) else a.tree
+        try:
+            build(tree)
+        except SpeceeError as err:
+            raise SpeceeError(f"ablation.tree: {err}") from None
 
 
 _PROMPT_SOURCES = ("spec_bench", "mt_bench", "gsm8k", "humaneval", "alpaca", "jsonl", "hf")

@@ -133,11 +133,29 @@ class Prompt:
     turns: list[str]
 
 
+def read_jsonl(path: Path, fields: tuple[str, ...] = ()) -> list[dict]:
+    """Rows of a JSONL file; a bad line or a row without ``fields`` is one error naming file:line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise SpeceeError(f"{path}:{line_no}: not valid JSON ({err.msg}); fix or remove that line") from None
+            missing = [k for k in fields if not isinstance(row, dict) or k not in row]
+            if missing:
+                raise SpeceeError(f"{path}:{line_no}: missing field(s) {missing}")
+            rows.append(row)
+    return rows
+
+
 def spec_bench_prompts(root, categories: list[str] | None = None, count: int | None = None,
                        offset: int = 0, per_category: bool = True) -> list[Prompt]:
     """Spec-Bench questions; with ``per_category`` the first ``count`` of each category."""
     path = data_file(root, SPEC_BENCH)
-    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    rows = read_jsonl(path, ("question_id", "category", "turns"))
     if categories:
         known = sorted({r["category"] for r in rows})
         bad = [c for c in categories if c not in known]
@@ -210,7 +228,7 @@ SOURCES = ("spec_bench", "mt_bench", "gsm8k", "humaneval", "alpaca", "jsonl", "h
 
 def _jsonl(root, rel) -> list[dict]:
     path = data_file(root, rel)
-    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    rows = read_jsonl(path)
     if not rows:
         raise SpeceeError(f"{path} is empty; check paths.data_root")
     return rows

@@ -65,6 +65,47 @@ def gpu_info() -> list[dict]:
     return gpus
 
 
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [float(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0.0)
+    return sum(vals) - idle, sum(vals)
+
+
+def machine_load(sample_s: float = 0.5) -> dict:
+    """How busy the machine is besides this process: the 1-minute load average and the share of
+    all CPU time other processes used over ``sample_s`` (and GPU utilisation where NVML has it).
+    A timing taken on a busy machine is noise."""
+    out: dict = {"cpu_count": os.cpu_count()}
+    try:
+        out["loadavg_1min"] = round(os.getloadavg()[0], 2)
+        b0, t0 = _cpu_times()
+        own0 = sum(os.times()[:2])
+        import time
+        time.sleep(sample_s)
+        b1, t1 = _cpu_times()
+        own = sum(os.times()[:2]) - own0
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = max(t1 - t0, 1e-9)
+        out["other_cpu_share"] = round(max(0.0, (b1 - b0) - own * ticks) / total, 3)
+    except (OSError, ValueError, IndexError):
+        out["other_cpu_share"] = None
+    if torch.cuda.is_available():
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            out["gpu_utilization_pct"] = [pynvml.nvmlDeviceGetUtilizationRates(
+                pynvml.nvmlDeviceGetHandleByIndex(i)).gpu for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # noqa: BLE001 - optional
+            pass
+    # The load average also counts this sweep's previous job, so only other processes' share now
+    # (and a GPU someone else is using) decide "busy".
+    busy = (out.get("other_cpu_share") or 0) > 0.2 or any(u > 10 for u in out.get("gpu_utilization_pct", []))
+    out["busy"] = bool(busy)
+    return out
+
+
 def environment(dtype: str | None = None, seed: int | None = None) -> dict:
     return {
         "python": platform.python_version(),

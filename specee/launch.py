@@ -44,10 +44,40 @@ def tee_output_to_run_log() -> None:
     sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)
 
 
+# Recipes that reuse a finished run in their folder (skip-if-done, for sweeps); every other recipe
+# refuses a folder that already holds a result unless force=true.
+_REUSES_FINISHED = ("experiments.speed.run", "experiments.stats.run", "experiments.accuracy.run")
+_LOCK = None  # held for the life of the process
+
+
+def claim_run_dir(cfg) -> None:
+    """One process per run folder: refuse a folder in use by another specee process, or holding
+    another finished run (force=true replaces it)."""
+    global _LOCK
+    import fcntl
+    from hydra.core.hydra_config import HydraConfig
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / ".specee.lock", "a+")  # noqa: SIM115 - held until exit
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SpeceeError(f"run folder {out} is in use by another specee process; wait for it or choose "
+                          "another hydra.run.dir") from None
+    _LOCK = lock
+    if (out / "results.json").is_file() and not cfg.force and cfg.experiment._target_ not in _REUSES_FINISHED:
+        raise SpeceeError(f"run folder {out} already holds a finished run (results.json); choose another "
+                          "hydra.run.dir or pass force=true to replace it")
+
+
 def run_experiment(cfg: DictConfig):
     # Instantiating the dataclasses checks every value's type, not just key names.
     OmegaConf.to_object(cfg)
     validate(cfg)
+    claim_run_dir(cfg)
     data_root(project_path(cfg.paths.data_root))  # every recipe reads it: fail before any work
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -14,7 +14,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import seaborn as sns  # noqa: E402
+import seaborn as sns
+
+from specee.errors import SpeceeError  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 ABLATION_ORDER = ["dense", "adainfer", "eagle", "specee_t1", "specee_t1_t2", "specee_full"]
@@ -105,6 +107,11 @@ def _overall(speed):
     return out
 
 
+def _ci(ms):
+    cis = [m.get("speedup_vs_dense_ci") for m in ms if m.get("speedup_vs_dense_ci")]
+    return (min(c[0] for c in cis), max(c[1] for c in cis)) if cis else None
+
+
 def fig_staircase(docs):
     speed = _by_kind(docs, "speed")
     overall = _overall(speed)
@@ -113,15 +120,26 @@ def fig_staircase(docs):
         raise Skip(f"needs speed results for at least two of {[n for n, _ in STAIRCASE]}")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     vals = [np.mean([m["speedup_vs_dense"] for m in ms]) for _, ms in steps]
-    ax.bar([s[0] for s in steps], vals, color=sns.color_palette("crest", len(steps)))
+    cis = [_ci(ms) for _, ms in steps]
+    noisy = [any(m.get("noisy") for m in ms) for _, ms in steps]
+    labels = [lab + (" (noisy)" if bad else "") for (lab, _), bad in zip(steps, noisy)]
+    err = np.array([[v - c[0], c[1] - v] if c else [0, 0] for v, c in zip(vals, cis)]).T
+    ax.bar(labels, vals, color=sns.color_palette("crest", len(steps)), yerr=err, capsize=4)
+    dense = overall.get("dense")
+    if dense and _ci(dense):  # dense against itself: how far apart two identical runs land
+        lo, hi = _ci(dense)
+        ax.axhspan(lo, hi, color="grey", alpha=0.2, label=f"noise floor (dense vs dense 95% CI {lo:.2f}–{hi:.2f})")
+        ax.legend(fontsize=8, loc="upper left")
     for i, v in enumerate(vals):
         ax.text(i, v, f"{v:.2f}×", ha="center", va="bottom")
-    ax.set_ylabel("decode speedup vs dense (×)")
+    ax.set_ylabel("decode speedup vs dense (×), 95% CI over prompts")
     ax.set_xlabel("technique (cumulative)")
     ax.set_title(f"Ablation staircase (cf. paper Fig. 2d)\n{_stamp(speed)}", fontsize=10)
-    md = "| step | speedup | avg layers | match rate |\n|---|---|---|---|\n" + "".join(
-        f"| {lab} | {np.mean([m['speedup_vs_dense'] for m in ms]):.3f} | "
-        f"{np.mean([m['avg_layers'] for m in ms]):.2f} | {np.mean([m['match_rate_vs_dense'] for m in ms]):.3f} |\n"
+    fmt_ci = lambda c: f"[{c[0]:.3f}, {c[1]:.3f}]" if c else "–"  # noqa: E731
+    md = "| step | speedup | 95% CI | avg layers | match rate | noisy |\n|---|---|---|---|---|---|\n" + "".join(
+        f"| {lab} | {np.mean([m['speedup_vs_dense'] for m in ms]):.3f} | {fmt_ci(_ci(ms))} | "
+        f"{np.mean([m['avg_layers'] for m in ms]):.2f} | {np.mean([m['match_rate_vs_dense'] for m in ms]):.3f} | "
+        f"{'; '.join(r for m in ms for r in m.get('noisy_reasons', [])) or 'no'} |\n"
         for lab, ms in steps)
     return fig, md
 
@@ -266,6 +284,11 @@ def build_report(docs: list[dict], out_dir: Path, source: str) -> dict:
             except Skip as why:
                 skipped.append((title, str(why)))
                 continue
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+                pdf_tmp.unlink(missing_ok=True)
+                raise SpeceeError(f"report page {title!r} cannot be drawn from these results "
+                                  f"({type(err).__name__}: {err}); the report in {out_dir} was not "
+                                  "updated") from None
             figures.append((title, fig))
             md_parts.append(f"## {title}\n\n{md}")
         cover = plt.figure(figsize=(8.5, 11))

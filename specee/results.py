@@ -17,7 +17,10 @@ RESULTS = "results.json"
 def command_line() -> str:
     """The command that produced an artifact, without machine-specific output folders."""
     import sys
-    args = [a for a in sys.argv[1:] if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    # Output folders and the data root are where this machine keeps things, not part of the recipe
+    # (the artifacts' cards record each data file with its sha256).
+    args = [a for a in sys.argv[1:] if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir=", "paths.data_root=",
+                                                         "experiment.out_dir=", "force="))]
     return " ".join(["python", "run.py", *args])
 
 

@@ -21,10 +21,30 @@ def load_results(root: str | Path) -> list[tuple[Path, dict]]:
     docs = []
     for path in sorted(root.rglob(RESULTS)):
         try:
-            docs.append((path, json.loads(path.read_text())))
+            doc = json.loads(path.read_text())
         except json.JSONDecodeError as err:
-            raise SpeceeError(f"{path} is corrupt ({err}); rerun that job with force=true") from err
+            raise SpeceeError(f"{path} is corrupt ({err}); rerun that job with force=true") from None
+        check_results(path, doc)
+        docs.append((path, doc))
     return docs
+
+
+def check_results(path: Path, doc) -> None:
+    """The results contract: a specee results document with config, env and metrics."""
+    problems = []
+    if not isinstance(doc, dict) or doc.get("specee_results") != 1:
+        problems.append("no 'specee_results': 1 marker")
+    else:
+        cfg = doc.get("config")
+        if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), dict) for k in ("model", "ablation", "experiment")):
+            problems.append("no config with model, ablation and experiment")
+        if not isinstance(doc.get("env"), dict):
+            problems.append("no env")
+        if not isinstance(doc.get("metrics"), dict):
+            problems.append("no metrics")
+    if problems:
+        raise SpeceeError(f"{path} is not a specee results file ({'; '.join(problems)}); remove it from the "
+                          "sweep folder or rerun that job with force=true")
 
 
 def flatten(path: Path, doc: dict) -> dict:

@@ -164,18 +164,50 @@ def test_drift_check_passes_identical_and_fails_doctored_baseline(micro, tmp_pat
     assert doc["repeat"]["copa"] == {"spread": 0.0, "identical_responses": True}  # CPU runs are deterministic
     entry = json.loads(base.read_text())["tasks"]["copa"]["dense"]
     assert entry["n"] == 6 and entry["tolerance"] > 0 and "binomial" in entry["justification"]
-    rows, ok = drift.check(base, "dense", doc["settings"], doc["metrics"]["accuracy"])
+    from experiments.accuracy import item_records
+    logged = {"copa": [json.loads(l) for l in (tmp_path / "u" / "samples_copa.jsonl").read_text().splitlines()]}
+    rows, ok, gate = drift.check(base, "dense", doc["settings"], doc["metrics"]["accuracy"], item_records(logged),
+                                 gate="auto", env=doc["env"])
     assert ok and rows[0]["status"] == "ok" and rows[0]["delta"] == 0
+    assert gate["gate"] == "exact" and rows[0]["changed"] == []  # same machine: the per-item gate ran
+    assert len(entry["items"]) == 6 and all({"answer", "loglik", "layers"} <= set(v) for v in entry["items"].values())
     doctored = json.loads(base.read_text())
     e = doctored["tasks"]["copa"]["dense"]
     e["accuracy"] += (1 if e["accuracy"] < 0.5 else -1) * (e["tolerance"] + 0.01)  # just beyond tolerance
     base.write_text(json.dumps(doctored))
-    res = run_cli(*common, "experiment.check_baseline=true", f"hydra.run.dir={tmp_path / 'c'}")
+    res = run_cli(*common, "experiment.check_baseline=true", "experiment.drift_gate=interval",
+                  f"hydra.run.dir={tmp_path / 'c'}")
     assert res.returncode == 2 and "DRIFT" in res.stderr and "| copa | dense |" in res.stderr
     again = run_cli(*common, "experiment.check_baseline=true", f"hydra.run.dir={tmp_path / 'c'}")
     assert "skipping" in again.stdout and again.returncode == 2  # a finished run still reports drift
     with pytest.raises(SpeceeError, match="other settings"):
         drift.check(base, "dense", {**doc["settings"], "limit": 7}, doc["metrics"]["accuracy"])
+
+
+@pytest.mark.parametrize("change", ["early_exit.kv_policy=propagate"])
+def test_exact_drift_gate_flags_a_small_behaviour_change(micro, tmp_path, change):  # noqa: F811
+    """The per-item gate passes the unchanged mode and names the items a small change moved."""
+    _, paths = micro
+    base = tmp_path / "baseline.json"
+    common = ["experiment=accuracy", "ablation=specee_t1", *paths, "experiment.tasks=[copa,piqa]",
+              "experiment.limit=8", f"experiment.baseline={base}", *QUIET]
+    assert run_cli(*common, "experiment.update_baseline=true", f"hydra.run.dir={tmp_path / 'u'}").returncode == 0
+    same = run_cli(*common, "experiment.check_baseline=true", f"hydra.run.dir={tmp_path / 's'}")
+    assert same.returncode == 0 and "drift gate: exact" in same.stdout, same.stderr[-2000:]
+    moved = run_cli(*common, change, "experiment.check_baseline=true", f"hydra.run.dir={tmp_path / 'm'}")
+    assert moved.returncode == 2 and "DRIFT" in moved.stderr and " item " in moved.stderr, moved.stderr[-2000:]
+    assert "Traceback" not in moved.stderr
+    # Across machines the interval gate is the right one, and it lets such a change through.
+    loose = run_cli(*common, change, "experiment.check_baseline=true", "experiment.drift_gate=interval",
+                    f"hydra.run.dir={tmp_path / 'l'}")
+    assert "drift gate: interval" in loose.stdout + loose.stderr
+    # One item's recorded answer changed in the baseline: the exact gate names that item.
+    doctored = json.loads(base.read_text())
+    item = doctored["tasks"]["copa"]["specee_t1"]["items"]["20"]
+    item["answer"] = 1 - item["answer"]
+    base.write_text(json.dumps(doctored))
+    res = run_cli(*common, "experiment.check_baseline=true", f"hydra.run.dir={tmp_path / 's'}")  # reuses 's'
+    assert res.returncode == 2 and "copa item 20 (answer)" in res.stderr
 
 
 @pytest.mark.slow

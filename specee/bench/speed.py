@@ -55,3 +55,53 @@ def speed_metrics(gens: list[Generation], num_layers: int) -> dict:
         "avg_layers": statistics.fmean(layers) if layers else float(num_layers),
         "decode_s": decode_s,
     }
+
+
+def paired_speedup_ci(rows: list[dict], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> list[float]:
+    """Bootstrap interval over prompts of the decode-throughput ratio mode/dense.
+
+    ``rows``: per-prompt (and per-repeat) records with the mode's and dense's decoded tokens and
+    seconds, measured side by side. Prompts are resampled with replacement (all of a prompt's
+    repeats and turns travel together) and the ratio of summed throughputs recomputed."""
+    import random
+    by_prompt: dict = {}
+    for r in rows:
+        acc = by_prompt.setdefault(r["id"], [0.0, 0.0, 0.0, 0.0])
+        acc[0] += r["tokens"] - 1
+        acc[1] += r["decode_s"]
+        acc[2] += r["dense_tokens"] - 1
+        acc[3] += r["dense_decode_s"]
+    groups = list(by_prompt.values())
+    if not groups:
+        return [float("nan"), float("nan")]
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(n_boot):
+        pick = [groups[rng.randrange(len(groups))] for _ in groups]
+        t, s, dt, ds = (sum(g[i] for g in pick) for i in range(4))
+        if s > 0 and ds > 0 and dt > 0:
+            ratios.append((t / s) / (dt / ds))
+    if not ratios:
+        return [float("nan"), float("nan")]
+    ratios.sort()
+    lo = ratios[int((1 - level) / 2 * (len(ratios) - 1))]
+    hi = ratios[int((1 + level) / 2 * (len(ratios) - 1))]
+    return [lo, hi]
+
+
+def noisy_reasons(m: dict, mode: str, load_before: dict, load_after: dict) -> list[str]:
+    """Why a speed result cannot be trusted as a measurement (empty: nothing found)."""
+    reasons = []
+    lo, hi = m.get("speedup_vs_dense_ci", [float("nan")] * 2)
+    if mode == "dense" and not lo <= 1.0 <= hi:
+        reasons.append(f"dense against itself gave {m['speedup_vs_dense']:.3f} with 95% interval "
+                       f"[{lo:.3f}, {hi:.3f}], which excludes 1")
+    if (m.get("efficiency") or 0) > 1.0:
+        reasons.append(f"efficiency {m['efficiency']:.3f} > 1: faster than skipping layers allows")
+    for when, load in (("before", load_before), ("after", load_after)):
+        if load.get("busy"):
+            reasons.append(f"machine busy {when} the run (other processes' CPU share "
+                           f"{load.get('other_cpu_share')}, load average {load.get('loadavg_1min')}"
+                           + (f", GPU utilisation {load['gpu_utilization_pct']}%" if load.get("gpu_utilization_pct") else "")
+                           + ")")
+    return reasons

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from specee.errors import SpeceeError
 from specee.io import project_path
+from specee.models.loader import check_trained_for
 
 
 def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases: bool = False):
@@ -18,8 +19,11 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
     random_init = cfg.model.init == "random"  # weights only for their cost: random artifacts too
     if mode in ("specee", "eagle"):
         from specee.models.draft import DraftHead, load_draft
-        draft = DraftHead(rt.config).attach(rt).eval() if random_init else \
-            load_draft(project_path(cfg.draft.path), rt)[0]
+        if random_init:
+            draft = DraftHead(rt.config).attach(rt).eval()
+        else:
+            draft, card = load_draft(project_path(cfg.draft.path), rt)
+            check_trained_for(card, cfg.draft.path, rt.model, "draft head")
     if mode == "specee":
         from specee.early_exit.predictor import PredictorBank
         from specee.early_exit.replay import load_replay
@@ -27,7 +31,8 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
         if random_init:
             bank = PredictorBank.random(rt.num_layers, ee.k, seed=cfg.seed, threshold=ee.threshold)
         else:
-            bank, _ = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
+            bank, card = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
+            check_trained_for(card, ee.predictors_path, rt.model, "predictors")
         bank = bank.to(rt.device)  # float32: features are computed in float32
         placement = placement or cfg.placement
         schedule = build_schedule(placement, rt.num_layers, project_path(placement.profile_path))
@@ -44,8 +49,11 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
         decoder = SpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow, replay)
     elif mode == "adainfer":
         from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
-        svm = AdaInferSVM([1.0, 1.0], -1.5, {"synthetic": "fixed random-init stand-in"}) if random_init \
-            else AdaInferSVM.load(project_path(ee.adainfer_path))
+        if random_init:
+            svm = AdaInferSVM([1.0, 1.0], -1.5, {"synthetic": "fixed random-init stand-in"})
+        else:
+            svm = AdaInferSVM.load(project_path(ee.adainfer_path))
+            check_trained_for(svm.card, ee.adainfer_path, rt.model, "AdaInfer classifier")
         decoder = AdaInferDecoder(rt, svm, ee.kv_policy)
     else:
         raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer, eagle")

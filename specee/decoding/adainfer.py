@@ -45,8 +45,10 @@ class AdaInferSVM:
             raise SpeceeError(f"no AdaInfer SVM at {path}; train it with `python run.py experiment=train_predictors`")
         try:
             card = json.loads(path.read_text())
+            if len(card["coef"]) != 2:
+                raise KeyError("coef must hold 2 values [gap, top_prob]")
             return cls(card["coef"], card["intercept"], card)
-        except (json.JSONDecodeError, KeyError) as err:
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise SpeceeError(f"{path} is corrupt ({err}); retrain (experiment=train_predictors)") from err
 
 

@@ -78,11 +78,20 @@ class Tree:
 
 
 def resolve(tree) -> list[list[int]]:
+    """A named tree or a list of paths (each a list of integer ranks); anything else is one error."""
     if isinstance(tree, str):
         if tree not in NAMED:
             raise SpeceeError(f"tree={tree!r} is unknown; valid: {', '.join(NAMED)} or a list of paths")
         return NAMED[tree]
-    return [list(p) for p in tree]
+    bad = SpeceeError(f"tree={tree!r} is neither a named tree ({', '.join(NAMED)}) nor a list of paths "
+                      "of integer ranks, e.g. [[0],[1],[0,0]]")
+    try:
+        paths = [list(p) for p in tree]
+    except TypeError:
+        raise bad from None
+    if not all(isinstance(r, int) and not isinstance(r, bool) for p in paths for r in p):
+        raise bad
+    return paths
 
 
 def build(tree) -> Tree:

@@ -129,8 +129,12 @@ class PredictorBank(nn.Module):
         if not (folder / CARD).is_file() or not (folder / WEIGHTS).is_file():
             raise SpeceeError(f"no trained predictors at early_exit.predictors_path={folder}; "
                               "train them with `python run.py experiment=train_predictors`")
-        card = json.loads((folder / CARD).read_text())
-        if card.get("num_layers") != num_layers or card.get("k") != k:
+        try:
+            card = json.loads((folder / CARD).read_text())
+        except json.JSONDecodeError as err:
+            raise SpeceeError(f"{folder / CARD} is corrupt ({err.msg}); retrain the predictors "
+                              "(experiment=train_predictors)") from None
+        if not isinstance(card, dict) or card.get("num_layers") != num_layers or card.get("k") != k:
             raise SpeceeError(f"predictors at {folder} were trained for {card.get('num_layers')} layers, "
                               f"K={card.get('k')}; this run has {num_layers} layers, K={k}. Retrain them "
                               "(experiment=train_predictors) or set early_exit.k to match")
@@ -138,9 +142,13 @@ class PredictorBank(nn.Module):
             state = load_file(str(folder / WEIGHTS))
         except (SafetensorError, OSError, ValueError) as err:
             raise SpeceeError(f"{folder / WEIGHTS} is corrupt ({err}); retrain the predictors") from err
-        bank = cls(num_layers, k, state["w1"].shape[-1], threshold)
-        state["has"] = state["has"].bool()
-        bank.load_state_dict(state)
+        try:
+            bank = cls(num_layers, k, state["w1"].shape[-1], threshold)
+            state["has"] = state["has"].bool()
+            bank.load_state_dict(state)
+        except (KeyError, RuntimeError) as err:
+            raise SpeceeError(f"{folder / WEIGHTS} does not hold predictors of {num_layers} layers, K={k} "
+                              f"({type(err).__name__}); retrain the predictors") from None
         return bank, card
 
     @classmethod

@@ -2,11 +2,24 @@
 
 Baseline file (JSON, one per model, e.g. ``specee/evaluation/baselines/tiny.json``)::
 
-    {"specee_accuracy_baseline": 1, "model": "tiny",
+    {"specee_accuracy_baseline": 2, "model": "tiny",
      "settings": {"limit": 200, "num_fewshot": 0, "fewshot_pool": 20, "seed": 0, ...},
      "tasks": {"boolq": {"dense": {"accuracy": 0.61, "n": 200, "measured_spread": 0.0,
-                                   "tolerance": 0.069, "justification": "..."}}},
-     "updated": {"dense": {"date": "...", "env": {...}}}}
+                                   "tolerance": 0.069, "justification": "...",
+                                   "items": {"20": {"answer": 1, "loglik": -3.1416, "layers": 17.5}, ...}}}},
+     "updated": {"dense": {"date": "...", "env": {...}, "machine": {"cpu": "...", "torch": "..."}}}}
+
+Two gates (``experiment.drift_gate``):
+
+- ``exact`` — every item must give the same answer, the same mean layers used and the same
+  log-likelihood (within ``LOGLIK_ATOL``); any changed item is reported with its id, old and new
+  answer and layers. On a CPU with fixed seeds two runs are identical, so this catches a change of
+  one exit decision. Use it where the run is deterministic: the same machine class and torch
+  version as the baseline (CI, a developer's box).
+- ``interval`` — per-task accuracy within a tolerance (below). Use it across machines, GPUs or
+  torch versions, where kernels differ in the last bits and near-tie items may flip.
+- ``auto`` (default) — ``exact`` when this run's machine (CPU model, GPU, torch) is the baseline's,
+  else ``interval``; the result says which gate ran and why.
 
 Tolerance = measured run-to-run spread (the baseline update evaluates twice; on CPU with fixed
 seeds the runs are identical, spread 0) + ``Z`` binomial standard errors of the n-item subset,
@@ -28,8 +41,10 @@ from pathlib import Path
 from specee.errors import SpeceeError
 from specee.io import write_json_atomic
 
-FORMAT = 1
+FORMAT = 2
 Z = 2.0
+LOGLIK_ATOL = 1e-3
+GATES = ("auto", "exact", "interval")
 SETTINGS = ("limit", "num_fewshot", "fewshot_pool", "seed", "max_gen_tokens", "max_length",
             "on_overflow", "dtype")
 
@@ -53,7 +68,8 @@ def load(path: Path) -> dict:
     except json.JSONDecodeError as err:
         raise SpeceeError(f"accuracy baseline {path} is corrupt ({err})") from err
     if doc.get("specee_accuracy_baseline") != FORMAT:
-        raise SpeceeError(f"{path} is not a format-{FORMAT} specee accuracy baseline")
+        raise SpeceeError(f"{path} is not a format-{FORMAT} specee accuracy baseline (per-item records); "
+                          "regenerate it with experiment.update_baseline=true")
     return doc
 
 
@@ -65,8 +81,14 @@ def _check_settings(doc: dict, settings: dict, path: Path) -> None:
                           "rerun with the baseline's settings or update the baseline")
 
 
+def machine(env: dict) -> dict:
+    """What must match for the exact gate: CPU model, GPUs and the torch build."""
+    return {"cpu": env.get("cpu"), "gpus": [g.get("name") for g in env.get("gpus") or []],
+            "torch": (env.get("packages") or {}).get("torch")}
+
+
 def update(path: Path, model: str, mode: str, settings: dict, accuracy: dict[str, dict],
-           spread: dict[str, float], env: dict) -> dict:
+           spread: dict[str, float], env: dict, items: dict[str, dict] | None = None) -> dict:
     """Merge this run's per-task accuracy for ``mode`` into the baseline at ``path``."""
     doc = load(path) if path.is_file() else {"specee_accuracy_baseline": FORMAT, "model": model,
                                              "settings": settings, "tasks": {}, "updated": {}}
@@ -79,13 +101,33 @@ def update(path: Path, model: str, mode: str, settings: dict, accuracy: dict[str
         tol, why = tolerance(m["accuracy"], m["n"], spread[task])
         doc["tasks"].setdefault(task, {})[mode] = {
             "accuracy": m["accuracy"], "n": m["n"], "measured_spread": spread[task],
-            "tolerance": tol, "justification": why}
-    doc["updated"][mode] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "env": env}
+            "tolerance": tol, "justification": why, "items": (items or {}).get(task, {})}
+    doc["updated"][mode] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "env": env,
+                            "machine": machine(env)}
     write_json_atomic(path, doc)
     return doc
 
 
-def compare(doc: dict, mode: str, accuracy: dict[str, dict]) -> list[dict]:
+def changed_items(base_items: dict, items: dict) -> list[dict]:
+    """Items whose answer, mean layers or log-likelihood differ from the baseline's."""
+    out = []
+    for doc_id in sorted(set(base_items) | set(items), key=lambda k: (len(k), k)):
+        old, new = base_items.get(doc_id), items.get(doc_id)
+        if old is None or new is None:
+            out.append({"id": doc_id, "old": old, "new": new, "why": "missing"})
+            continue
+        why = [w for w, bad in (
+            ("answer", old["answer"] != new["answer"]),
+            ("layers", abs((old["layers"] or 0) - (new["layers"] or 0)) > 1e-6),
+            ("loglik", old["loglik"] is not None and new["loglik"] is not None
+             and abs(old["loglik"] - new["loglik"]) > LOGLIK_ATOL)) if bad]
+        if why:
+            out.append({"id": doc_id, "old": old, "new": new, "why": "+".join(why)})
+    return out
+
+
+def compare(doc: dict, mode: str, accuracy: dict[str, dict], items: dict[str, dict] | None = None,
+            gate: str = "interval") -> list[dict]:
     """One row per task of the baseline or the run; status ok | DRIFT | not run | no baseline."""
     rows = []
     for task in sorted(set(doc["tasks"]) | set(accuracy)):
@@ -99,23 +141,51 @@ def compare(doc: dict, mode: str, accuracy: dict[str, dict]) -> list[dict]:
             row["status"] = "not run"
         else:
             row["delta"] = new["accuracy"] - base["accuracy"]
-            bad = new["n"] != base["n"] or abs(row["delta"]) > base["tolerance"] + 1e-12
+            if gate == "exact":
+                row["changed"] = changed_items(base.get("items", {}), (items or {}).get(task, {}))
+                bad = new["n"] != base["n"] or bool(row["changed"]) or abs(row["delta"]) > 1e-12
+            else:
+                bad = new["n"] != base["n"] or abs(row["delta"]) > base["tolerance"] + 1e-12
             row["status"] = "DRIFT" if bad else "ok"
         rows.append(row)
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], max_items: int = 10) -> str:
     fmt = lambda v, sign="": "-" if v is None else f"{v:{sign}.4f}"  # noqa: E731
-    lines = ["| task | mode | baseline | run | delta | tolerance | status |", "|---|---|---|---|---|---|---|"]
+    lines = ["| task | mode | baseline | run | delta | tolerance | changed items | status |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['task']} | {r['mode']} | {fmt(r['baseline'])} | {fmt(r['run'])} | "
-              f"{fmt(r['delta'], '+')} | {fmt(r['tolerance'])} | {r['status']} |" for r in rows]
+              f"{fmt(r['delta'], '+')} | {fmt(r['tolerance'])} | "
+              f"{len(r['changed']) if 'changed' in r else '-'} | {r['status']} |" for r in rows]
+    for r in rows:
+        for c in r.get("changed", [])[:max_items]:
+            old, new = c["old"] or {}, c["new"] or {}
+            lines.append(f"  {r['task']} item {c['id']} ({c['why']}): answer {old.get('answer')!r} -> "
+                         f"{new.get('answer')!r}, layers {old.get('layers')} -> {new.get('layers')}, "
+                         f"loglik {old.get('loglik')} -> {new.get('loglik')}")
+        if len(r.get("changed", [])) > max_items:
+            lines.append(f"  {r['task']}: {len(r['changed']) - max_items} more changed items")
     return "\n".join(lines)
 
 
-def check(path: Path, mode: str, settings: dict, accuracy: dict[str, dict]) -> tuple[list[dict], bool]:
-    """Rows of the comparison and whether every compared task stayed within tolerance."""
+def choose_gate(doc: dict, mode: str, gate: str, env: dict | None) -> tuple[str, str]:
+    if gate not in GATES:
+        raise SpeceeError(f"experiment.drift_gate={gate!r} is unknown; valid: {', '.join(GATES)}")
+    if gate != "auto":
+        return gate, f"drift_gate={gate}"
+    theirs = (doc.get("updated", {}).get(mode) or {}).get("machine")
+    ours = machine(env or {})
+    if theirs == ours:
+        return "exact", f"same machine class and torch as the baseline ({ours['cpu']}, torch {ours['torch']})"
+    return "interval", f"another machine or torch than the baseline's ({theirs} vs {ours}): accuracy intervals"
+
+
+def check(path: Path, mode: str, settings: dict, accuracy: dict[str, dict], items: dict[str, dict] | None = None,
+          gate: str = "interval", env: dict | None = None) -> tuple[list[dict], bool, dict]:
+    """Rows of the comparison, whether nothing drifted, and which gate ran (and why)."""
     doc = load(path)
     _check_settings(doc, settings, path)
-    rows = compare(doc, mode, accuracy)
-    return rows, not any(r["status"] == "DRIFT" for r in rows)
+    used, why = choose_gate(doc, mode, gate, env)
+    rows = compare(doc, mode, accuracy, items, used)
+    return rows, not any(r["status"] == "DRIFT" for r in rows), {"gate": used, "reason": why}

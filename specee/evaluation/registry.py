@@ -45,6 +45,8 @@ def data_files(name: str, data_root: Path) -> dict[str, Path]:
         with open(path, "rb") as f:
             if not any(line.strip() for line in f):
                 raise SpeceeError(f"task {name}: data file {path} is empty")
+        from specee.data import read_jsonl
+        read_jsonl(path)  # a bad line is one error with its line number, not a datasets traceback
     return files
 
 

@@ -96,7 +96,13 @@ def load_draft(path: str | Path, rt: LayerwiseLM) -> tuple[DraftHead, dict]:
                           "`python run.py experiment=train_draft` or point it at an EAGLE-1 checkpoint")
     head = DraftHead(rt.config).attach(rt)
     if (folder / CARD).is_file():
-        card = json.loads((folder / CARD).read_text())
+        try:
+            card = json.loads((folder / CARD).read_text())
+        except json.JSONDecodeError as err:
+            raise SpeceeError(f"{folder / CARD} is corrupt ({err.msg}); retrain the draft head "
+                              "(experiment=train_draft)") from None
+        if not isinstance(card, dict):
+            raise SpeceeError(f"{folder / CARD} is not a draft card; retrain the draft head")
         state = _read_weights(folder / WEIGHTS)
     else:
         state, card = _eagle_state(folder), {"format": "eagle-1", "path": str(folder)}

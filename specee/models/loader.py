@@ -70,12 +70,29 @@ def load_model(model_cfg):
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
-    except (OSError, ValueError, RuntimeError, KeyError) as err:
-        raise SpeceeError(f"could not load the checkpoint at model.path={src}: {err}. "
-                          "Is the folder complete and uncorrupted?") from err
+    except Exception as err:  # noqa: BLE001 - safetensors, tokenizers and HF raise many types
+        raise SpeceeError(f"could not load the checkpoint at model.path={src} ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); is the folder complete and "
+                          "uncorrupted?") from None
     if device != "auto":
         model = model.to(device)
     return model.eval(), tokenizer
+
+
+def weights_fingerprint(model) -> str:
+    """sha256 over the first 1024 values (float32) of every tensor of the state dict: what the
+    draft head, predictors and AdaInfer SVM record as the base model they were trained for."""
+    import hashlib
+    return hashlib.sha256(b"".join(v.detach().reshape(-1)[:1024].float().cpu().numpy().tobytes()
+                                   for v in model.state_dict().values())).hexdigest()
+
+
+def check_trained_for(card: dict, path, model, what: str) -> None:
+    """Refuse an artifact whose recorded base-model fingerprint is not this model's."""
+    want = card.get("base_weights_fingerprint")
+    if want and want != weights_fingerprint(model):
+        raise SpeceeError(f"the {what} at {path} was trained for another base model (weights fingerprint "
+                          f"{want[:12]}…, this model {weights_fingerprint(model)[:12]}…); retrain it for this model")
 
 
 def shape_config(model_cfg):
