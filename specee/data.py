@@ -133,21 +133,26 @@ class Prompt:
     turns: list[str]
 
 
-def read_jsonl(path: Path, fields: tuple[str, ...] = ()) -> list[dict]:
-    """Rows of a JSONL file; a bad line or a row without ``fields`` is one error naming file:line."""
-    rows = []
+def iter_jsonl(path: Path):
+    """(line number, row) of each non-blank line; a bad line is one error naming file:line."""
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield line_no, json.loads(line)
             except json.JSONDecodeError as err:
                 raise SpeceeError(f"{path}:{line_no}: not valid JSON ({err.msg}); fix or remove that line") from None
-            missing = [k for k in fields if not isinstance(row, dict) or k not in row]
-            if missing:
-                raise SpeceeError(f"{path}:{line_no}: missing field(s) {missing}")
-            rows.append(row)
+
+
+def read_jsonl(path: Path, fields: tuple[str, ...] = ()) -> list[dict]:
+    """Rows of a JSONL file; a bad line or a row without ``fields`` is one error naming file:line."""
+    rows = []
+    for line_no, row in iter_jsonl(path):
+        missing = [k for k in fields if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise SpeceeError(f"{path}:{line_no}: missing field(s) {missing}")
+        rows.append(row)
     return rows
 
 
@@ -296,15 +301,8 @@ def user_jsonl_prompts(d) -> list[Prompt]:
     if not path.is_file():
         raise SpeceeError(f"dataset.path={d.path}: no such file ({path})")
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SpeceeError(f"{path}:{line_no}: not valid JSON ({err.msg}); fix or remove that line") from None
-            prompts.append(_row_prompt(row, d, f"{path}:{line_no}", len(prompts)))
+    for line_no, row in iter_jsonl(path):
+        prompts.append(_row_prompt(row, d, f"{path}:{line_no}", len(prompts)))
     if not prompts:
         raise SpeceeError(f"dataset.path={d.path} holds no prompts")
     return prompts

@@ -32,6 +32,25 @@ def random_lm(arch: str = "llama", layers: int = 4, seed: int = 0):
     return model
 
 
+def early_exit_parts(layers: int, k: int = 4):
+    """A random-init Llama runtime, a draft head on it, and a predictor bank that fires on some
+    inputs and not on others (random first layer, zero-mean output)."""
+    from specee.early_exit.predictor import PredictorBank
+    from specee.models.draft import DraftHead
+    from specee.runtime import LayerwiseLM
+    model = random_lm("llama", layers=layers, seed=0)
+    rt = LayerwiseLM(model)
+    torch.manual_seed(1)
+    draft = DraftHead(model.config).attach(rt).eval()
+    torch.manual_seed(2)
+    bank = PredictorBank(layers, k, hidden=8)
+    with torch.no_grad():
+        bank.w1.normal_()
+        bank.w2.normal_()
+    bank.has[:] = True
+    return rt, draft, bank
+
+
 @pytest.fixture(scope="session")
 def tiny():
     from transformers import AutoModelForCausalLM, AutoTokenizer

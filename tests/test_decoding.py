@@ -3,34 +3,20 @@ and host-sync counts."""
 import pytest
 import torch
 
-from conftest import random_lm
+from conftest import early_exit_parts
 from specee.decoding import base
 from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.specee_ar import SpecEEDecoder
 from specee.decoding.tree import TreeDecoder
-from specee.early_exit.predictor import PredictorBank
 from specee.early_exit.schedule import TwoLevelSchedule
-from specee.models.draft import DraftHead
-from specee.runtime import LayerwiseLM
 
 K, L = 4, 6
 
 
 @pytest.fixture(scope="module")
 def parts():
-    model = random_lm("llama", layers=L, seed=0)
-    rt = LayerwiseLM(model)
-    torch.manual_seed(1)
-    draft = DraftHead(model.config).attach(rt).eval()
-    # A bank that fires on some inputs and not on others: random first layer, zero-mean output.
-    torch.manual_seed(2)
-    bank = PredictorBank(L, K, hidden=8)
-    with torch.no_grad():
-        bank.w1.normal_()
-        bank.w2.normal_()
-    bank.has[:] = True
-    return rt, draft, bank
+    return early_exit_parts(L, K)
 
 
 def decoders(rt, draft, bank):

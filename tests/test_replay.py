@@ -4,32 +4,19 @@ import json
 import pytest
 import torch
 
-from conftest import random_lm, run_cli
+from conftest import early_exit_parts, run_cli
 from specee.decoding.specee_ar import SpecEEDecoder
 from specee.decoding.tree import TreeDecoder
-from specee.early_exit.predictor import PredictorBank
 from specee.early_exit.replay import ExitReplay, prompt_sha
 from specee.early_exit.schedule import TwoLevelSchedule
 from specee.errors import SpeceeError
-from specee.models.draft import DraftHead
-from specee.runtime import LayerwiseLM
 
 K, L = 4, 8
 
 
 @pytest.fixture(scope="module")
 def parts():
-    model = random_lm("llama", layers=L, seed=0)
-    rt = LayerwiseLM(model)
-    torch.manual_seed(1)
-    draft = DraftHead(model.config).attach(rt).eval()
-    torch.manual_seed(2)
-    bank = PredictorBank(L, K, hidden=8)
-    with torch.no_grad():
-        bank.w1.normal_()
-        bank.w2.normal_()
-    bank.has[:] = True
-    return rt, draft, bank
+    return early_exit_parts(L, K)
 
 
 def prompts(n=3):

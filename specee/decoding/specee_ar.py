@@ -119,16 +119,17 @@ class SpecEEDecoder(LoopDecoder):
             timer.lap("verification")
             return (cand, normed) if hit else None
 
-        observe, shadow = None, {"exit": None, "p": initial_p(self.k, spec)}
-        if self.shadow:
-            def observe(i, h):
-                if self.can_exit[i]:
-                    shadow["p"], hit = self._shadow_check(i, h, probe, spec_list, shadow["p"])
-                    if hit and shadow["exit"] is None:
-                        shadow["exit"] = i
-                timer.lap("other")  # statistics only
+        shadow = {"exit": None, "p": initial_p(self.k, spec)}
 
-        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, None, eligible, exit_test, timer, observe)
+        def observe(i, h):  # shadow mode: where would the all-layers policy have exited?
+            if self.can_exit[i]:
+                shadow["p"], hit = self._shadow_check(i, h, probe, spec_list, shadow["p"])
+                if hit and shadow["exit"] is None:
+                    shadow["exit"] = i
+            timer.lap("other")  # statistics only
+
+        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, None, eligible, exit_test, timer,
+                                              observe if self.shadow else None)
         if decision is None:
             normed = rt.norm(h)[0, 0]
             nxt = rt.lm_head(normed).argmax()
