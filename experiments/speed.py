@@ -189,7 +189,7 @@ def run(cfg) -> dict:
         dense_total = sum(g.prefill_s + g.decode_s for g in dense_gens)
         m["hf_generate_ratio"] = dense_total / hf_s
         m["hf_generate_identical_share"] = sum(hf_match) / len(hf_match)
-    m["noisy_reasons"] = noisy_reasons(m, cfg.ablation.mode, load_before, machine_load())
+    m["noisy_reasons"] = noisy_reasons(m, cfg.ablation.mode, load_before, machine_load(), decoder.multi_token)
     m["noisy"] = bool(m["noisy_reasons"])
     m["machine_load_before"] = load_before
     if m["noisy"]:

@@ -126,3 +126,17 @@ def test_gpu_check_without_a_gpu_records_each_failed_step(tmp_path):
     ran = [r for r in doc["steps"] if r["rc"] != "skipped"]
     assert len(ran) >= 2 and all(r["rc"] == 2 and "no CUDA GPU" in r["error"] for r in ran)
     assert "Failed or skipped steps" in (folder / "summary.md").read_text()
+
+
+def test_noisy_reasons():
+    from specee.bench.speed import noisy_reasons
+    quiet = {"busy": False, "other_cpu_share": 0.0}
+    ok = {"speedup_vs_dense": 1.01, "speedup_vs_dense_ci": [0.95, 1.07], "efficiency": 0.9}
+    assert noisy_reasons(ok, "specee", quiet, quiet) == []
+    off = {"speedup_vs_dense": 1.71, "speedup_vs_dense_ci": [1.4, 2.0]}
+    assert "excludes 1" in noisy_reasons(off, "dense", quiet, quiet)[0]  # dense against itself
+    fast = {**ok, "efficiency": 1.06}
+    assert "efficiency" in noisy_reasons(fast, "specee", quiet, quiet)[0]
+    assert noisy_reasons({**ok, "efficiency": 1.25}, "eagle", quiet, quiet, multi_token=True) == []
+    busy = {"busy": True, "other_cpu_share": 0.9, "loadavg_1min": 3.1}
+    assert "machine busy before" in noisy_reasons(ok, "specee", busy, quiet)[0]
