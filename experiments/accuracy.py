@@ -56,7 +56,8 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
         n = out["n-samples"][name]
         primary = _key(metric, filt)
         metrics[name] = {"accuracy": m[primary], "accuracy_stderr": m.get(_key(f"{metric}_stderr", filt)),
-                         "primary_metric": primary, **m, "n": n["effective"], "n_available": n["original"],
+                         "primary_metric": primary,
+                         "lower_is_better": registry.lower_is_better(name, primary, e.task_source), **m, "n": n["effective"], "n_available": n["original"],
                          "num_fewshot": e.num_fewshot, **stats.get(name, {})}
         samples[name] = [{**s, "specee": per_doc.get((name, s["doc_id"]), [])} for s in out["samples"][name]]
     return metrics, samples, seconds

@@ -19,6 +19,7 @@ from experiments.speed import (check_disjoint_from_calibration, early_exit_metri
                                prompt_encoder)
 from specee import results
 from specee.bench.exit_stats import context_similarity, distribution
+from specee.bench.oracle import layer_predictions, oracle_layers, oracle_summary
 from specee.bench.speed import match_rate, speed_metrics
 from specee.decoding import build_decoder
 from specee.decoding.dense import DenseDecoder
@@ -81,7 +82,19 @@ def run(cfg) -> dict:
         m.update(early_exit_metrics(gens[name], m))
         rows[name] = m
 
-    metrics = {"placements": rows, "dense": d_metrics,
+    # The floor under every placement's avg_layers: the earliest layer that already predicts the
+    # dense token (untimed, after the timed passes).
+    first, stable = [], []
+    for ids, g in zip(encoded, gens["dense"]):
+        f, st = oracle_layers(layer_predictions(rt, ids, g.tokens), g.tokens[1:])
+        first += f
+        stable += st
+    oracle = oracle_summary(first, stable, L)
+    for m in rows.values():
+        m["avg_layers_over_oracle"] = m["avg_layers"] / oracle["oracle_avg_layers"] if first else None
+
+    metrics = {"placements": rows, "dense": d_metrics, "oracle": oracle,
+               "oracle_avg_layers": oracle.get("oracle_avg_layers"),
                "stats_decoder": "specee autoregressive (per-token exit layers; tree ablations are "
                                 "studied through it)"}
     reference = "all_layers" if "all_layers" in gens else next(iter(decoders))
@@ -119,12 +132,21 @@ def run(cfg) -> dict:
 
 def _print_summary(metrics: dict, rows: dict) -> None:
     d = metrics["exit_distribution"]["all"]
-    print(f"exit layers: {d['tokens']} tokens, bottom-half share {d['share_of_exits_in_bottom_half']:.2f}, "
-          f"layers below uniform {d['share_of_layers_below_uniform']:.2f}, no exit {d['share_without_exit']:.2f}")
+    print(f"exit layers: {d['tokens']} tokens, bottom half by exit probability "
+          f"{d['skew_bottom_half_by_probability']:.2f} (paper: <= 0.20), shallower half by depth "
+          f"{d['share_of_exits_in_shallower_half_by_depth']:.2f}, layers below uniform "
+          f"{d['share_of_layers_below_uniform']:.2f}, no exit {d['share_without_exit']:.2f}")
+    o = metrics["oracle"]
+    if o.get("tokens"):
+        print(f"oracle: first-correct layer {o['oracle_avg_layers']:.2f} (ideal speedup {o['ideal_speedup']:.2f}x), "
+              f"stays-correct layer {o['oracle_stable_avg_layers']:.2f} ({o['ideal_speedup_stable']:.2f}x)")
+    print("context similarity: hit rate; chance with the same exit layers shuffled within each request; "
+          "chance for a uniformly random layer (the windows' coverage of the stack)")
     for r in metrics["context_similarity"]["per_category"]["all"]:
         print(f"  N={r['n']:2d}: hit {r['hit_rate']:.3f}  shuffled {r['shuffled_chance']:.3f}  "
               f"coverage {r['analytic_coverage']:.3f}")
     for name, m in rows.items():
         print(f"{name:>14}: speedup {m['speedup_vs_dense']:.3f}  avg_layers {m['avg_layers']:.2f}  "
+              f"(oracle x{m['avg_layers_over_oracle'] or float('nan'):.2f})  "
               f"pred/token {m['predictor_calls_per_token']:.2f}  overhead {m['overhead_share']:.3f}  "
               f"match {m['match_rate_vs_dense']:.3f}")

@@ -7,6 +7,7 @@ schema cannot express live in :func:`validate`.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -48,6 +49,9 @@ class EarlyExitConfig:
     # Exit decisions replayed from an exit profile folder (seeded draws) or a speed results.json
     # (recorded per-token exit layers), while every predictor and verification still runs.
     replay: Optional[str] = None
+    # p_prev of the Δ feature: previous_layer (layer l-1, as the predictors were trained; computed
+    # there when l-1 has no scheduled predictor) | previous_evaluated (the last evaluated layer)
+    delta_from: str = "previous_layer"
     predictors_path: str = "${paths.artifacts}/${model.name}_predictors"
     adainfer_path: str = "${paths.artifacts}/${model.name}_adainfer"
 
@@ -72,6 +76,9 @@ class AblationConfig:
     decoding: str = "autoregressive"  # autoregressive | tree  (specee only; eagle is always tree)
     tree: Any = "small"  # small | mc_sim_7b_63 | root | list of paths (EAGLE choices)
     mapping: str = "merged"  # independent | merged  (early exit inside the tree)
+    # merged: an exit needs all hyper-tokens through the walk's last node to fire (all_paths), or
+    # one of them (any_path)
+    tree_exit_rule: str = "all_paths"
 
 
 @dataclass
@@ -215,7 +222,7 @@ class ReproduceExperiment:
     max_new_tokens: int = 48
     stats: bool = True
     accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
-    accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa"])
+    accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa", "tinystories_ppl"])
     accuracy_limit: int = 40
     report_dir: Optional[str] = None
 
@@ -282,11 +289,21 @@ SCHEMAS = {
 }
 
 
+_MAX_DIRNAME_BYTES = 200  # file systems cap one name at 255 bytes
+
+
 def safe_dirname(name: str) -> str:
     """A sweep job's folder name from its overrides, kept inside the sweep folder: path
-    separators become '%2F' and a leading dot is escaped, so no override value walks out."""
+    separators become '%2F' and a leading dot is escaped, so no override value walks out.
+    A name too long for the file system (long path overrides) keeps its start and ends in a
+    hash of the whole, so it stays unique and the same on a rerun (skip-if-done)."""
     name = str(name).replace("\\", "%5C").replace("/", "%2F")
-    return "%2E" + name[1:] if name.startswith(".") else name or "_"
+    name = "%2E" + name[1:] if name.startswith(".") else name or "_"
+    if len(name.encode()) > _MAX_DIRNAME_BYTES:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        head = name.encode()[:_MAX_DIRNAME_BYTES - 18].decode(errors="ignore")
+        name = f"{head}~{digest}"
+    return name
 
 
 def register() -> None:
@@ -319,6 +336,8 @@ def validate(cfg) -> None:
         raise SpeceeError(f"ablation.decoding={a.decoding!r} is unknown; valid: autoregressive, tree")
     if a.mapping not in ("independent", "merged"):
         raise SpeceeError(f"ablation.mapping={a.mapping!r} is unknown; valid: independent, merged")
+    if a.tree_exit_rule not in ("all_paths", "any_path"):
+        raise SpeceeError(f"ablation.tree_exit_rule={a.tree_exit_rule!r} is unknown; valid: all_paths, any_path")
     if a.decoding == "tree" and a.mode not in ("specee", "eagle"):
         raise SpeceeError(f"ablation.decoding=tree needs a draft-based mode (eagle, specee), not {a.mode}")
     if a.mode == "eagle" and a.decoding != "tree":
@@ -331,6 +350,9 @@ def validate(cfg) -> None:
     if cfg.placement.name != "all_layers" and cfg.ablation.mode != "specee":
         raise SpeceeError(f"placement={cfg.placement.name} schedules SpecEE predictors; it needs a "
                           f"SpecEE ablation (specee_t1, specee_t1_t2), not ablation={cfg.ablation.name}")
+    if cfg.early_exit.delta_from not in ("previous_layer", "previous_evaluated"):
+        raise SpeceeError(f"early_exit.delta_from={cfg.early_exit.delta_from!r} is unknown; valid: "
+                          "previous_layer, previous_evaluated")
     if cfg.early_exit.kv_policy not in ("holes", "propagate"):
         raise SpeceeError(f"early_exit.kv_policy={cfg.early_exit.kv_policy!r} is unknown; valid: holes, propagate")
     if cfg.early_exit.k < 1:

@@ -52,6 +52,8 @@ def _name(doc) -> str:
     ee = doc["config"].get("early_exit", {})
     if doc["config"]["ablation"]["mode"] != "dense" and ee.get("kv_policy", "holes") != "holes":
         name += f" ({ee['kv_policy']})"
+    if doc["config"]["ablation"]["mode"] == "specee" and ee.get("delta_from", "previous_layer") != "previous_layer":
+        name += f" (Δ {ee['delta_from']})"
     a = doc["config"]["ablation"]
     if a.get("decoding") == "tree" and a["mode"] == "specee" and a.get("mapping") != "merged":
         name += f" ({a['mapping']})"
@@ -136,8 +138,11 @@ def fig_staircase(docs):
     ax.set_xlabel("technique (cumulative)")
     ax.set_title(f"Ablation staircase (cf. paper Fig. 2d)\n{_stamp(speed)}", fontsize=10)
     fmt_ci = lambda c: f"[{c[0]:.3f}, {c[1]:.3f}]" if c else "–"  # noqa: E731
-    md = "| step | speedup | 95% CI | avg layers | match rate | noisy |\n|---|---|---|---|---|---|\n" + "".join(
-        f"| {lab} | {np.mean([m['speedup_vs_dense'] for m in ms]):.3f} | {fmt_ci(_ci(ms))} | "
+    hf = lambda ms: (f"{np.mean([m['speedup_vs_hf_generate'] for m in ms]):.3f}"  # noqa: E731
+                     if all(m.get("speedup_vs_hf_generate") for m in ms) else "–")
+    md = ("| step | speedup (decode, vs dense loop) | 95% CI | end-to-end vs HF generate (paper's) | avg layers | "
+          "match rate | noisy |\n|---|---|---|---|---|---|---|\n") + "".join(
+        f"| {lab} | {np.mean([m['speedup_vs_dense'] for m in ms]):.3f} | {fmt_ci(_ci(ms))} | {hf(ms)} | "
         f"{np.mean([m['avg_layers'] for m in ms]):.2f} | {np.mean([m['match_rate_vs_dense'] for m in ms]):.3f} | "
         f"{'; '.join(r for m in ms for r in m.get('noisy_reasons', [])) or 'no'} |\n"
         for lab, ms in steps)
@@ -149,13 +154,17 @@ def fig_exit_distribution(docs):
     if not stats:
         raise Skip("no stats results (experiment=stats)")
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    md = "| model | tokens | bottom-half share | layers below uniform | no exit |\n|---|---|---|---|---|\n"
+    md = ("| model | tokens | bottom half by exit probability (paper: <= 0.20) | shallower half by depth | "
+          "layers below uniform | no exit |\n|---|---|---|---|---|---|\n")
     for d in stats:
         dist = d["metrics"]["exit_distribution"]["all"]
         share = dist["share_per_layer"]
         ax.bar(np.arange(len(share)) + 1, np.asarray(share) * 100, alpha=0.7, label=d["config"]["model"]["name"])
         ax.axhline(100 / len(share), color="k", ls="--", lw=0.8)
-        md += (f"| {d['config']['model']['name']} | {dist['tokens']} | {dist['share_of_exits_in_bottom_half']:.3f} | "
+        by_prob = dist.get("skew_bottom_half_by_probability")
+        by_depth = dist.get("share_of_exits_in_shallower_half_by_depth", dist.get("share_of_exits_in_bottom_half"))
+        md += (f"| {d['config']['model']['name']} | {dist['tokens']} | "
+               f"{'–' if by_prob is None else f'{by_prob:.3f}'} | {by_depth:.3f} | "
                f"{dist['share_of_layers_below_uniform']:.3f} | {dist['share_without_exit']:.3f} |\n")
     ax.set_xlabel("exit layer (1 = first decoder layer; last = no early exit)")
     ax.set_ylabel("share of tokens (%)")
@@ -177,7 +186,7 @@ def fig_context_similarity(docs):
         name = d["config"]["model"]["name"]
         ax.plot(n, [100 * r["hit_rate"] for r in rows], "o-", label=f"{name}: hit rate")
         ax.plot(n, [100 * r["shuffled_chance"] for r in rows], "s--", label=f"{name}: shuffled chance")
-        ax.plot(n, [100 * r["analytic_coverage"] for r in rows], ":", label=f"{name}: window coverage")
+        ax.plot(n, [100 * r["analytic_coverage"] for r in rows], ":", label=f"{name}: window coverage (random-layer chance)")
         md += "".join(f"| {name} | {r['n']} | {r['hit_rate']:.3f} | {r['shuffled_chance']:.3f} | "
                       f"{r['analytic_coverage']:.3f} |\n" for r in rows)
     w = stats[0]["metrics"]["context_similarity"]["window"]
@@ -224,39 +233,73 @@ def fig_overhead(docs):
 
 
 def fig_accuracy(docs):
+    """The paper's Table 4 layout: task x mode, the dense value beside the early-exit value, the
+    difference, item counts, 95 % intervals and the layers used. Perplexity-like metrics (lower is
+    better) are shown as they are; accuracies in %."""
     acc = [d for d in docs if "accuracy" in d.get("metrics", {})]
     if not acc:
         raise Skip("no accuracy results (experiment=accuracy)")
-    table = defaultdict(dict)
-    layers = defaultdict(dict)
+    cell = defaultdict(dict)  # task -> mode -> metrics
     for d in acc:
         for task, m in d["metrics"]["accuracy"].items():
-            table[task][_name(d)] = m.get("acc", m.get("exact_match"))
-            layers[task][_name(d)] = m.get("mean_layers")
-    names = _order({n for t in table.values() for n in t})
-    tasks = sorted(table)
+            cell[task][_name(d)] = m
+    names = _order({n for t in cell.values() for n in t})
+    tasks = sorted(cell)
+
+    def value(m):
+        v = m.get("accuracy", m.get("acc", m.get("exact_match")))
+        return v if m.get("lower_is_better") else 100 * v
+
+    def ci(m):
+        se = m.get("accuracy_stderr")
+        if se is None:
+            return None
+        v, k = value(m), 1.96 * (se if m.get("lower_is_better") else 100 * se)
+        return v - k, v + k
+
     cells = []
     for t in tasks:
-        dense = table[t].get("dense")
+        dense = cell[t].get("dense")
         row = []
         for n in names:
-            v = table[t].get(n)
-            if v is None:
+            m = cell[t].get(n)
+            if m is None:
                 row.append("–")
                 continue
-            delta = f" ({100 * (v - dense):+.1f})" if dense is not None and n != "dense" else ""
-            lay = layers[t].get(n)
-            row.append(f"{100 * v:.1f}{delta}" + (f"\n{lay:.1f} layers" if lay else ""))
+            delta = f" ({value(m) - value(dense):+.{3 if m.get('lower_is_better') else 1}f})" \
+                if dense is not None and n != "dense" else ""
+            fmt = ".3f" if m.get("lower_is_better") else ".1f"
+            lay = m.get("mean_layers")
+            row.append(f"{value(m):{fmt}}{delta}" + (f"\n{lay:.1f} layers" if lay else ""))
         cells.append(row)
     fig, ax = plt.subplots(figsize=(min(16, 3 + 2.2 * len(names)), 1.5 + 0.6 * len(tasks)))
     ax.axis("off")
-    tab = ax.table(cellText=cells, rowLabels=tasks, colLabels=names, loc="center", cellLoc="center")
+    labels = [t + (" (lower better)" if any(m.get("lower_is_better") for m in cell[t].values()) else " (%)")
+              for t in tasks]
+    tab = ax.table(cellText=cells, rowLabels=labels, colLabels=names, loc="center", cellLoc="center")
     tab.scale(1, 2.2)
     tab.set_fontsize(8)
-    ax.set_title(f"Accuracy (%), Δ vs dense in points, mean layers used while scoring (cf. paper Table 4)\n"
+    ax.set_title(f"Accuracy (%, or the task's metric), Δ vs dense, mean layers used (cf. paper Table 4)\n"
                  f"{_stamp(acc)}", fontsize=10)
-    md = "| task | " + " | ".join(names) + " |\n|---|" + "---|" * len(names) + "\n" + "".join(
-        f"| {t} | " + " | ".join(c.replace("\n", ", ") for c in row) + " |\n" for t, row in zip(tasks, cells))
+    md = ("| task | metric | mode | dense | mode value | Δ | n | 95% CI (mode) | avg layers (mode / dense) |\n"
+          "|---|---|---|---|---|---|---|---|---|\n")
+    for t in tasks:
+        dense = cell[t].get("dense")
+        for n in names:
+            m = cell[t].get(n)
+            if m is None or (n == "dense" and len(cell[t]) > 1):
+                continue
+            low = m.get("lower_is_better")
+            fmt = ".3f" if low else ".1f"
+            c = ci(m)
+            dv = f"{value(dense):{fmt}}" if dense else "–"
+            delta = f"{value(m) - value(dense):+{fmt}}" if dense and n != "dense" else "–"
+            lay = m.get("mean_layers")
+            dlay = dense.get("mean_layers") if dense else None
+            md += (f"| {t} | {m.get('primary_metric', 'acc')}{' (lower better)' if low else ' (%)'} | {n} | {dv} | "
+                   f"{value(m):{fmt}} | {delta} | {m.get('n', '–')} | "
+                   f"{f'[{c[0]:{fmt}}, {c[1]:{fmt}}]' if c else '–'} | "
+                   f"{f'{lay:.2f}' if lay else '–'} / {f'{dlay:.2f}' if dlay else '–'} |\n")
     return fig, md
 
 

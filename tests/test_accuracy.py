@@ -64,6 +64,16 @@ def test_dense_loglikelihood_equals_hf_model(loaded):
     assert all(r["mean_layers"] == 4 for r in lm.records.values())
 
 
+def test_dense_rolling_loglikelihood_equals_hf_model(loaded):
+    """Perplexity's input: a whole text after the prefix token, as the HF model scores it."""
+    model, tok = loaded
+    lm = SpeceeLM(DenseDecoder(LayerwiseLM(model)), tok)
+    text = "Once upon a time there was a little cat. It liked milk."
+    got, = lm.loglikelihood_rolling([req("loglikelihood_rolling", (text,))], disable_tqdm=True)
+    ref, _ = hf_loglikelihood(model, [lm.prefix_token_id], tok.encode(text))
+    assert got == pytest.approx(ref, abs=1e-3)
+
+
 def test_overflow_truncates_context_left_and_counts_or_raises(loaded):
     model, tok = loaded
     dense = DenseDecoder(LayerwiseLM(model))
@@ -85,12 +95,15 @@ def test_generate_until_honours_stop_strings_and_max_gen_toks(loaded):
     model, tok = loaded
     lm = SpeceeLM(DenseDecoder(LayerwiseLM(model)), tok)
     free, = lm.generate_until([req("generate_until", ("Once upon a time", {"max_gen_toks": 12}))], True)
-    assert lm.records[("t", 0, 0)]["tokens"] <= 12 and free
+    free_tokens = lm.records[("t", 0, 0)]["tokens"]
+    assert free_tokens <= 12 and free
     assert free.strip()
     stop = free.strip()[len(free.strip()) // 2:][:3]  # a string the greedy output contains
     cut, = lm.generate_until([req("generate_until", ("Once upon a time", {"until": [stop], "max_gen_toks": 12}))],
                              True)
     assert cut == free[:free.index(stop)] and stop not in cut
+    # ... and the generation itself ended when the stop string appeared, not at max_gen_toks.
+    assert lm.records[("t", 0, 0)]["tokens"] < free_tokens
     with pytest.raises(SpeceeError, match="greedily"):
         lm.generate_until([req("generate_until", ("Hi", {"do_sample": True}))], True)
 
@@ -99,10 +112,14 @@ def test_tasks_load_offline_with_a_disjoint_fewshot_pool(tmp_path):
     from specee.evaluation.tasks.utils import FEWSHOT_POOL
     names = registry.available()
     assert names == sorted(["boolq", "piqa", "hellaswag", "arc_easy", "arc_challenge", "winogrande",
-                            "copa", "sst2", "gsm8k"])
+                            "copa", "sst2", "gsm8k", "sst2_gen", "boolq_gen", "tinystories_ppl"])
     tm = registry.task_manager(names, DATA, tmp_path)
     assert sorted(tm.all_tasks) == names  # include_defaults=False: nothing but ours
     for name, task in tm.load(names)["tasks"].items():
+        if name == "tinystories_ppl":  # no shots: one document per validation story
+            stories = list(task.eval_docs)
+            assert len(stories) == 500 and all("<|endoftext|>" not in d["text"] and d["text"] for d in stories)
+            continue
         evaluated, pool = list(task.eval_docs), list(task.fewshot_docs())
         rows = (DATA / task.config.dataset_kwargs["data_files"]["test"]).read_text().splitlines()
         assert len(pool) == FEWSHOT_POOL and len(evaluated) == len(rows) - FEWSHOT_POOL
@@ -124,12 +141,16 @@ def test_unknown_task_and_empty_file_are_clear_errors(tmp_path):
 
 def test_accuracy_run_end_to_end(micro, tmp_path):  # noqa: F811
     _, paths = micro
-    args = ["experiment=accuracy", "ablation=dense", *paths, "experiment.tasks=[copa,gsm8k]",
+    args = ["experiment=accuracy", "ablation=dense", *paths, "experiment.tasks=[copa,gsm8k,sst2_gen,tinystories_ppl]",
             "experiment.limit=4", "experiment.max_gen_tokens=6", f"hydra.run.dir={tmp_path}", *QUIET]
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr[-2000:]
     doc = json.loads((tmp_path / "results.json").read_text())
     acc = doc["metrics"]["accuracy"]
+    assert acc["sst2_gen"]["primary_metric"] == "exact_match_first_word" and 0 <= acc["sst2_gen"]["accuracy"] <= 1
+    ppl = acc["tinystories_ppl"]
+    assert ppl["primary_metric"] == "bits_per_byte" and ppl["accuracy"] > 0 and ppl["word_perplexity"] > 1
+    assert ppl["lower_is_better"] is True and acc["copa"]["lower_is_better"] is False
     for task in ("copa", "gsm8k"):
         m = acc[task]
         assert m["n"] == 4 and 0 <= m["accuracy"] <= 1 and m["accuracy_stderr"] is not None

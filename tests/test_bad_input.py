@@ -101,3 +101,12 @@ def test_sweep_folder_names_cannot_escape_the_sweep():
     for value in ("dataset.path=../../../etc", "x=/abs/path", "..", ".hidden"):
         name = safe_dirname(value)
         assert "/" not in name and not name.startswith(".")
+
+
+def test_sweep_folder_names_stay_short_unique_and_stable():
+    long_a = ",".join(f"x{i}.path=/a/very/long/folder/name/number/{i}" for i in range(12))
+    long_b = long_a.replace("number/11", "number/12")
+    a, b = safe_dirname(long_a), safe_dirname(long_b)
+    assert len(a.encode()) <= 200 and len(b.encode()) <= 200
+    assert a != b and a == safe_dirname(long_a)
+    assert safe_dirname("ablation=dense") == "ablation=dense"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import random_lm
+from conftest import early_exit_parts, random_lm
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.specee_ar import SpecEEDecoder
 from specee.early_exit.collect import collect_prompt
@@ -179,3 +179,44 @@ def test_spec_probe_equals_norm_then_project(arch):
     with torch.inference_mode():
         ref = rt.lm_head(rt.norm(h))[0, 0, spec]
     torch.testing.assert_close(probe.logits(h), ref, rtol=1e-5, atol=1e-5)
+
+
+class FixedLayers:
+    """A schedule with a fixed active set (the offline top-M without the online part)."""
+    name = "fixed"
+
+    def __init__(self, mask):
+        self.mask = mask
+
+    def new_request(self):
+        return None
+
+    def active(self, state):
+        return self.mask
+
+    def record(self, state, exit_layer):
+        pass
+
+
+@pytest.mark.parametrize("delta_from,same", [("previous_layer", True), ("previous_evaluated", False)])
+def test_delta_feature_under_a_schedule_is_what_the_predictors_were_trained_on(delta_from, same):
+    """Decoding with predictors on layers 2, 3 and 6 only feeds each of them the features that
+    collection (every layer evaluated) recorded for that token and layer -- p_prev from layer l-1
+    -- unless delta_from=previous_evaluated, which takes p_prev from the last evaluated layer."""
+    rt, draft, _ = early_exit_parts(8)
+    never = PredictorBank.constant(8, 4, False)
+    seen = []
+    decide = never.decide
+    never.decide = lambda i, x: seen.append((i, x.clone())) or decide(i, x)
+    mask = [i in (2, 3, 6) for i in range(8)]
+    ids = torch.randint(1, 101, (1, 7), generator=torch.Generator().manual_seed(4))
+    dec = SpecEEDecoder(rt, draft, never, 4, schedule=FixedLayers(mask), delta_from=delta_from)
+    gen = dec.generate(ids, 6)
+    ref = collect_prompt(rt, draft, ids, 6, 4, None)["feats"]  # (tokens, layers, 3K)
+    assert [i for i, _ in seen] == [2, 3, 6] * (len(gen.tokens) - 1)
+    for n, (i, x) in enumerate(seen):
+        t = n // 3
+        close = torch.allclose(x, torch.as_tensor(ref[t, i]), atol=1e-5)
+        assert close if (same or i == 3) else not close  # layer 3 follows an evaluated layer 2
+    probes = [tr["delta_probes"] for tr in gen.trace]
+    assert probes == [2 if same else 0] * len(probes)  # p at layers 1 and 5

@@ -67,6 +67,11 @@ def test_exit_profile_and_statistics(micro, tmp_path):
     cs = m["context_similarity"]["per_category"]["all"]
     assert [r["n"] for r in cs] == [1, 2, 3] and all(0 <= r["shuffled_chance"] <= 1 for r in cs)
     assert set(m["missed_exits"]) == {"offline_topm", "online_union", "online_union_reference"}
+    assert 0 <= dist["skew_bottom_half_by_probability"] <= dist["share_of_exits_in_shallower_half_by_depth"] + 0.5
+    assert 1 <= m["oracle"]["oracle_avg_layers"] <= m["oracle"]["oracle_stable_avg_layers"] <= 4
+    assert m["oracle_avg_layers"] == m["oracle"]["oracle_avg_layers"]
+    for row in m["placements"].values():
+        assert row["avg_layers_over_oracle"] > 0
 
 
 @pytest.mark.parametrize("ablation", ["dense", "specee_t1", "specee_t1_t2", "adainfer", "eagle", "specee_full"])
@@ -84,6 +89,9 @@ def test_speed_run_writes_a_self_describing_result(micro, ablation, tmp_path):
                 "match_rate_vs_dense", "hf_generate_ratio"):
         assert key in m
     assert m["hf_generate_identical_share"] == 1.0
+    # The paper's end-to-end speedup against HF generate, for every mode and for the dense loop.
+    assert m["speedup_vs_hf_generate"] > 0 and m["dense"]["speedup_vs_hf_generate"] > 0
+    assert m["speedup_vs_hf_generate"] == pytest.approx(m["tokens_per_s"] / m["hf_generate_tokens_per_s"])
     assert 1 <= m["avg_layers"] <= m["num_layers"] == 4
     if ablation in ("dense", "eagle"):  # lossless modes
         assert m["match_rate_vs_dense"] == 1.0
@@ -91,6 +99,7 @@ def test_speed_run_writes_a_self_describing_result(micro, ablation, tmp_path):
         assert m["avg_layers"] == 4
     elif ablation in ("eagle", "specee_full"):
         assert m["mean_accepted_length"] >= 1 and m["verification_steps"] > 0
+        assert m["tree_shape"]["independent_evals_per_layer"] < m["tree_shape"]["nodes"]
     else:
         for key in ("predictor_calls_per_token", "overhead_share", "draft_share", "efficiency"):
             assert key in m

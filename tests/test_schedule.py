@@ -114,8 +114,20 @@ def test_hit_rate_against_hand_counts():
     const = [[5] * 30]
     assert hit_rate(const, 3, 0, 12)[0] == 1.0 and shuffled_hit_rate(const, 3, 0, 12) == 1.0
     d = distribution([0, 0, 1, 11], 12)
-    assert d["share_of_exits_in_bottom_half"] == 0.75 and d["share_without_exit"] == 0.25
+    assert d["share_of_exits_in_shallower_half_by_depth"] == 0.75 and d["share_without_exit"] == 0.25
     assert d["share_of_layers_below_uniform"] == pytest.approx(9 / 12)
+    assert d["skew_bottom_half_by_probability"] == 0.0  # the 6 least-used layers have no exits
+
+
+def test_paper_skew_statistic_ranks_layers_by_exit_probability_not_depth():
+    from specee.bench.exit_stats import distribution
+    # Shares 0.4, 0.3, 0.2, 0.1 by depth: the shallower half holds 0.7, but the two layers with
+    # the fewest exits (layers 2 and 3) hold 0.3 -- the paper's statistic.
+    d = distribution([0] * 4 + [1] * 3 + [2] * 2 + [3], 4)
+    assert d["skew_bottom_half_by_probability"] == pytest.approx(0.3)
+    assert d["share_of_exits_in_shallower_half_by_depth"] == pytest.approx(0.7)
+    uniform = distribution([0, 1, 2, 3] * 5, 4)
+    assert uniform["skew_bottom_half_by_probability"] == pytest.approx(0.5)
 
 
 def test_offline_rule_is_the_papers_m_unless_told_otherwise():

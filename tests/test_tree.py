@@ -5,7 +5,8 @@ from conftest import random_lm
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.specee_ar import SpecEEDecoder
 from specee.decoding.tree import TreeDecoder, mean_accepted_length
-from specee.decoding.tree_shape import build, chain, predictor_evals_per_layer
+from specee.decoding.tree_shape import (FIGURE_13, build, chain, independent_units, mapping_complexity,
+                                        predictor_evals_per_layer)
 from specee.early_exit.predictor import PredictorBank
 from specee.errors import SpeceeError
 from specee.models.draft import DraftHead
@@ -179,13 +180,45 @@ def test_trees_without_exits_are_lossless_with_predictors(tree):
             assert dec.generate(ids, 16).tokens == DenseDecoder(rt).generate(ids, 16).tokens
 
 
+def test_figure_13_tree_mappings():
+    """The paper's Fig. 13: root -> 3 tokens, each -> 3 tokens. Independent: 4 predictors (the
+    nodes with children), search spaces 3 each, complexity 3^4; merged: 9 hyper-tokens."""
+    t = build(FIGURE_13)
+    assert t.size == 13 and len(t.leaves) == 9
+    assert independent_units(t) == [0, 1, 2, 3]
+    assert predictor_evals_per_layer(t, "independent") == 4
+    assert predictor_evals_per_layer(t, "merged") == 9
+    assert mapping_complexity(t, "independent") == 3 ** 4 and mapping_complexity(t, "merged") == 9
+    # One level deeper, independent complexity grows exponentially, merged linearly in the paths.
+    deeper = build(FIGURE_13 + [[a, b, c] for a in range(3) for b in range(3) for c in range(3)])
+    assert mapping_complexity(deeper, "independent") == 3 ** 13
+    assert mapping_complexity(deeper, "merged") == 27
+
+
+def test_exit_rule_needs_the_walks_predictors():
+    """HAND's nodes: 1=[0] 2=[1] 3=[0,0] 4=[0,1] 5=[1,0] 6=[0,0,0]; leaves 4, 5, 6."""
+    rt, draft = setup(layers=2)
+    bank = PredictorBank.constant(2, K, True)
+    ind = TreeDecoder(rt, draft, HAND, bank, mapping="independent", k=K)
+    units = [u[0] for u in ind.units]
+    assert {units[u] for u in ind.needed([0, 1, 3])} == {0, 1, 3}
+    assert ind.needed([0, 1, 4]) is None  # ends at a leaf: no predictor vouches for the bonus
+    assert ind.needed([0]) == {0}
+    merged = TreeDecoder(rt, draft, HAND, bank, mapping="merged", k=K)
+    leaf_of = [p[-1] for p in merged.units]
+    # Accepted prefix root -> [0]: the hyper-tokens through node 1 end at leaves 4 and 6, the
+    # path to 6 included although the walk may have rejected [0, 0] at this layer.
+    assert {leaf_of[u] for u in merged.needed([0, 1])} == {4, 6}
+    assert {leaf_of[u] for u in merged.needed([0, 2, 5])} == {5}
+
+
 def test_predictor_evaluation_counts():
     t = build(HAND)
-    assert predictor_evals_per_layer(t, "independent") == 7  # every node, root included
+    assert predictor_evals_per_layer(t, "independent") == 4  # root, [0], [1], [0, 0]: nodes with children
     assert predictor_evals_per_layer(t, "merged") == 3  # one per root-to-leaf path
     rt, draft = setup()
     never = PredictorBank.constant(rt.num_layers, K, False)
-    for mapping, per_layer in (("independent", 7), ("merged", 3)):
+    for mapping, per_layer in (("independent", 4), ("merged", 3)):
         gen = TreeDecoder(rt, draft, HAND, never, mapping=mapping, k=K).generate(prompts(1)[0], 10)
         assert all(tr["pred_calls"] == per_layer * (rt.num_layers - 1) for tr in gen.trace)
 
@@ -200,8 +233,10 @@ def test_exits_inside_the_tree_keep_the_cache_consistent(policy, mapping, monkey
     always = PredictorBank.constant(8, K, True)
     for ids in prompts():
         ref = DenseDecoder(rt).generate(ids, 30).tokens
-        gen = TreeDecoder(rt, OracleDraft(rt, ids[0].tolist() + ref), "small", always, mapping=mapping,
-                          k=K, kv_policy=policy).generate(ids, 30)
+        # Every other true token ranks 3, outside the tree's children but inside S: walks then
+        # end at inner nodes, where the independent mapping has a predictor for the bonus.
+        draft = OracleDraft(rt, ids[0].tolist() + ref, rank_of=lambda p: (0, 3)[p % 2])
+        gen = TreeDecoder(rt, draft, "small", always, mapping=mapping, k=K, kv_policy=policy).generate(ids, 30)
         assert len(gen.tokens) == 30 and any(tr["exit_layer"] < 7 for tr in gen.trace)
         assert all(tr["verify_calls"] >= 1 for tr in gen.trace)  # an always-firing bank verifies
         c = caches[-1]
@@ -227,3 +262,19 @@ def test_scoring_lossless_tree_is_dense_and_exits_refuse():
     assert got.logprobs == DenseDecoder(rt).score(ids[:, :4], ids[0, 4:].tolist()).logprobs
     with pytest.raises(SpeceeError, match="scoring"):
         TreeDecoder(rt, draft, "small", PredictorBank.constant(3, K, True)).score(ids[:, :4], [1])
+
+
+@pytest.mark.parametrize("delta_from", ["previous_layer", "previous_evaluated"])
+def test_root_only_tree_is_autoregressive_specee_under_a_schedule(delta_from):
+    """The Δ feature's p_prev (layer l-1 probes between scheduled layers) is the same in both."""
+    from test_early_exit import FixedLayers
+    rt, draft = setup(layers=8)
+    bank = random_bank(8)
+    sched = FixedLayers([i in (1, 4, 5) for i in range(8)])
+    ar = SpecEEDecoder(rt, draft, bank, K, schedule=sched, delta_from=delta_from)
+    tree = TreeDecoder(rt, draft, chain(0), bank, sched, "merged", K, delta_from=delta_from)
+    for ids in prompts():
+        a, t = ar.generate(ids, 20), tree.generate(ids, 20)
+        assert t.tokens == a.tokens and t.exit_layers == a.exit_layers
+        assert [x["delta_probes"] for x in a.trace] == [y["delta_probes"] for y in t.trace]
+    assert any(x["delta_probes"] for x in a.trace) == (delta_from == "previous_layer")

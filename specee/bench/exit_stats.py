@@ -17,7 +17,11 @@ def distribution(exits: list[int], num_layers: int) -> dict:
         # The paper's skew numbers: most layers see fewer exits than a uniform spread would give,
         # and the exits crowd into part of the stack.
         "share_of_layers_below_uniform": float((share < 1 / num_layers).mean()),
-        "share_of_exits_in_bottom_half": float(share[:half].sum()),
+        # The paper's skew statistic: rank the layers by exit probability; the half of the layers
+        # with the fewest exits holds this share of them (the paper: <= 20 %).
+        "skew_bottom_half_by_probability": float(np.sort(share)[:half].sum()),
+        # The same half taken by depth (the shallower layers): a different quantity.
+        "share_of_exits_in_shallower_half_by_depth": float(share[:half].sum()),
         "share_without_exit": float(share[num_layers - 1]),
         "mean_exit_layer": float(np.dot(np.arange(num_layers), share)),
     }

@@ -43,10 +43,11 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
     elif tree_mode:
         from specee.decoding.tree import TreeDecoder
         tree = a.tree if isinstance(a.tree, str) else [list(p) for p in a.tree]
-        decoder = TreeDecoder(rt, draft, tree, bank, schedule, a.mapping, ee.k, ee.kv_policy, replay)
+        decoder = TreeDecoder(rt, draft, tree, bank, schedule, a.mapping, ee.k, ee.kv_policy, replay, ee.delta_from,
+                              a.tree_exit_rule)
     elif mode == "specee":
         from specee.decoding.specee_ar import SpecEEDecoder
-        decoder = SpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow, replay)
+        decoder = SpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow, replay, ee.delta_from)
     elif mode == "adainfer":
         from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
         if random_init:

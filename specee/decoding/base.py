@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -118,22 +118,27 @@ class Generation:
 
 @torch.inference_mode()
 def generate(decoder: Decoder, prompt_ids: torch.Tensor, max_new_tokens: int,
-             eos_id: int | None = None) -> Generation:
-    """Greedy generation with any decoder: prefill, then steps until EOS or the token budget.
-    A multi-token step stops exactly where dense would (tokens past EOS/the budget are dropped)
-    and its time is shared equally by the tokens it emitted."""
+             eos_id: int | None = None, stop: Callable[[list[int]], bool] | None = None) -> Generation:
+    """Greedy generation with any decoder: prefill, then steps until EOS, the token budget or
+    ``stop(tokens)`` (e.g. a stop string in the text so far), checked after every token.
+    A multi-token step stops exactly where dense would (tokens past the end are dropped) and its
+    time is shared equally by the tokens it emitted."""
     clock = Clock(decoder.rt.device)
     L = decoder.rt.num_layers
     t0 = clock()
     session, first = decoder.prefill(prompt_ids, max_new_tokens)
     t1 = clock()
     tokens, times, layers, trace = [first], [t1 - t0], [L], []
-    while len(tokens) < max_new_tokens and tokens[-1] != eos_id:
+
+    def done() -> bool:
+        return len(tokens) >= max_new_tokens or tokens[-1] == eos_id or (stop is not None and stop(tokens))
+
+    while not done():
         t0 = t1
         step = decoder.step(session)
         emitted = 0
         for tok in step.tokens:
-            if len(tokens) >= max_new_tokens or tokens[-1] == eos_id:
+            if done():
                 break
             tokens.append(tok)
             emitted += 1
@@ -153,8 +158,9 @@ class LoopDecoder:
     def timer(self) -> PhaseTimer:
         return PhaseTimer(self.rt.device, self.profile_phases)
 
-    def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None) -> Generation:
-        return generate(self, prompt_ids, max_new_tokens, eos_id)
+    def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None,
+                 stop: Callable[[list[int]], bool] | None = None) -> Generation:
+        return generate(self, prompt_ids, max_new_tokens, eos_id, stop)
 
 
 def walk_layers(rt, h, rope, cache, pos, block, eligible: list[bool], exit_test, timer: PhaseTimer,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits, walk_layers
-from specee.early_exit.features import SpecProbe, features_from_logits, initial_p
+from specee.early_exit.features import SpecProbe, delta_probe_layers, features_from_logits, initial_p
 from specee.early_exit.kv_policy import fill_skipped
 from specee.early_exit.predictor import PredictorBank
 from specee.early_exit.schedule import AllLayers
@@ -41,8 +41,10 @@ class SpecEEDecoder(LoopDecoder):
     name = "specee"
 
     def __init__(self, rt: LayerwiseLM, draft: DraftHead, predictors: PredictorBank, k: int = 4,
-                 kv_policy: str = "holes", schedule=None, shadow: bool = False, replay=None):
+                 kv_policy: str = "holes", schedule=None, shadow: bool = False, replay=None,
+                 delta_from: str = "previous_layer"):
         self.rt, self.draft, self.predictors, self.k = rt, draft, predictors, k
+        self.delta_from = delta_from  # where p_prev comes from (features.delta_probe_layers)
         self.replay = replay  # ExitReplay: exits where it says; all the work still done
         # shadow: also evaluate unscheduled layers (statistics only; it costs time) to find the
         # layer where the all-layers policy would have exited.
@@ -100,10 +102,16 @@ class SpecEEDecoder(LoopDecoder):
         rope = rt.rope(h, pos)
         active = self.schedule.active(state)
         eligible = [self.can_exit[i] and active[i] for i in range(rt.num_layers)]
-        counts = {"pred_calls": 0, "verify_calls": 0}
+        probe_only = delta_probe_layers(eligible, self.delta_from)
+        counts = {"pred_calls": 0, "verify_calls": 0, "delta_probes": 0}
         p_prev = [initial_p(self.k, spec)]
 
         def exit_test(i, h):
+            if probe_only[i]:  # layer l-1's p for the predictor at l, as in training
+                p_prev[0] = torch.softmax(probe.logits(h), -1)
+                counts["delta_probes"] += 1
+                timer.lap("predictors")
+                return None
             feats, p_prev[0] = features_from_logits(probe.logits(h), p_prev[0])
             counts["pred_calls"] += 1
             fire = timer.host_bool(pred.decide(i, feats))
@@ -128,7 +136,8 @@ class SpecEEDecoder(LoopDecoder):
                     shadow["exit"] = i
             timer.lap("other")  # statistics only
 
-        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, None, eligible, exit_test, timer,
+        walk = [e or p for e, p in zip(eligible, probe_only)]
+        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, None, walk, exit_test, timer,
                                               observe if self.shadow else None)
         if decision is None:
             normed = rt.norm(h)[0, 0]

@@ -14,26 +14,27 @@ f, the base feature of the token before it:
 
 Without predictors this is lossless: token-identical to dense greedy.
 
-Early exit (``predictors`` given). Every node v gets a speculative set S(v) = the draft's top-K at
-v (its tree children are the top ranks of it). Leaves are drafted one level further for their S,
-so every node can exit. Per verification step the schedule's active set is read once and the
-step's exit layer recorded once. At each active layer l < L-1 the predictor is evaluated per
-*unit* on spec_features(norm(h_l[v]), S(v)), with v the unit's feature node:
+Early exit (``predictors`` given). A unit is one predictor evaluation per active layer; its
+feature node v gives spec_features(norm(h_l[v]), S(v)) with S(v) the draft's top-K at v (v's
+tree children are its top ranks). The paper's two mappings (§6, Fig. 13):
 
-- ``independent``: a unit per node (feature node = itself); N+1 evaluations per layer;
-- ``merged``: a unit per root-to-leaf path (a hyper-token); its feature node is the leaf, whose
-  hidden state has attended to the whole path; one evaluation per path per layer.
+- ``independent``: a unit per node that has children (the root always), deciding among its
+  candidates; leaves get no predictor and no speculative set;
+- ``merged``: a unit per root-to-leaf path (a hyper-token), read at the leaf, whose hidden state
+  has attended to the whole path; leaves are drafted one level further for their S.
 
-When some unit fires, the LM head runs once over all nodes (one verification) and the layer-l walk
-W_l is taken with the layer-l predictions. The step exits at l iff every node of W_l verifies
-(its layer-l prediction is in its S(v), as in autoregressive SpecEE) and every *needed* unit
-fired: independent: the units of W_l's nodes; merged: the paths through W_l's last node, i.e. the
-hyper-tokens that contain the whole accepted prefix. Paths that leave W_l earlier were rejected at
-this layer: their predictor outputs are ignored, they never block an exit (a path's exit layer is
-thus the largest over the tokens it keeps). Otherwise the walk at the last layer is taken (dense
-verification). All nodes stop at the same layer e; the kept (walk) nodes' K/V of layers > e are
-left or filled from h_e by ``kv_policy`` (:func:`~specee.early_exit.kv_policy.fill_skipped`), and
-their features norm(h_e) feed the draft.
+Per verification step the schedule's active set is read once and the step's exit layer recorded
+once. When some unit fires at layer l < L-1, the LM head runs once over all nodes (one
+verification) and the layer-l walk W_l is taken with the layer-l predictions. The step exits at l
+iff every node of W_l verifies (its layer-l prediction, i.e. the accepted child or the bonus, is
+in S(v), as in autoregressive SpecEE) and the units W_l needs fired: independent, the units of
+W_l's nodes (a walk ending at a leaf has no predictor for its bonus and cannot exit); merged, the
+hyper-tokens through W_l's last node, i.e. every path containing the whole accepted prefix,
+including paths whose later nodes W_l rejected. Paths that leave W_l earlier were rejected at
+this layer: their outputs are ignored and never block an exit. Otherwise the walk at the last
+layer is taken (dense verification). All nodes stop at the same layer e; the kept (walk) nodes'
+K/V of layers > e are left or filled from h_e by ``kv_policy``
+(:func:`~specee.early_exit.kv_policy.fill_skipped`), and their features norm(h_e) feed the draft.
 
 Consistency with :class:`~specee.decoding.specee_ar.SpecEEDecoder`: with the root alone (tree
 ``[]``, ``chain(0)``) both mappings are exactly the autoregressive mode: same S, features, p_prev,
@@ -48,8 +49,8 @@ from dataclasses import dataclass
 import torch
 
 from specee.decoding.base import Generation, LoopDecoder, PhaseTimer, Step, walk_layers
-from specee.decoding.tree_shape import build
-from specee.early_exit.features import initial_p, spec_features
+from specee.decoding.tree_shape import build, independent_units
+from specee.early_exit.features import delta_probe_layers, initial_p, spec_features
 from specee.early_exit.kv_policy import check_policy, fill_skipped
 from specee.early_exit.schedule import AllLayers
 from specee.errors import SpeceeError
@@ -74,8 +75,13 @@ class TreeDecoder(LoopDecoder):
     multi_token = True
 
     def __init__(self, rt: LayerwiseLM, draft, tree="small", predictors=None, schedule=None,
-                 mapping: str | None = None, k: int = 4, kv_policy: str = "holes", replay=None):
+                 mapping: str | None = None, k: int = 4, kv_policy: str = "holes", replay=None,
+                 delta_from: str = "previous_layer", exit_rule: str = "all_paths"):
         self.rt, self.draft, self.predictors, self.k = rt, draft, predictors, k
+        self.delta_from = delta_from  # where p_prev comes from (features.delta_probe_layers)
+        if exit_rule not in ("all_paths", "any_path"):
+            raise SpeceeError(f"tree exit rule {exit_rule!r} is unknown; valid: all_paths, any_path")
+        self.exit_rule = exit_rule  # merged: all / one of the hyper-tokens through the walk's end
         self.replay = replay  # ExitReplay (with predictors): the step exits where it says
         self.tree = build(tree)
         self.kv_policy = check_policy(kv_policy)
@@ -87,12 +93,13 @@ class TreeDecoder(LoopDecoder):
         self.can_exit = [bool(has[i]) and i < rt.num_layers - 1 for i in range(rt.num_layers)]
         tr = self.tree
         if self.mapping == "independent":
-            self.units = [[v] for v in range(tr.size)]
-            self.through = [[v] for v in range(tr.size)]  # needed units of a walk: its nodes'
+            self.units = [[v] for v in independent_units(tr)]
+            self.unit_of = {u[0]: j for j, u in enumerate(self.units)}
         else:
             self.units = tr.root_paths
             self.through = [[u for u, p in enumerate(self.units) if v in p] for v in range(tr.size)]
         self.feat_node = [u[-1] for u in self.units]
+        self.spec_nodes = set(self.feat_node)  # nodes that need a speculative set (draft top-K)
         self._device_buffers()
 
     def _device_buffers(self) -> None:
@@ -104,7 +111,7 @@ class TreeDecoder(LoopDecoder):
         spec_on = self.predictors is not None
         self.draft_levels, fed = [], []
         for depth in range(tr.max_depth + 1):
-            level = [v for v in tr.level(depth) if tr.children[v] or spec_on]
+            level = [v for v in tr.level(depth) if tr.children[v] or (spec_on and v in self.spec_nodes)]
             if not level:
                 continue
             allowed = tr.mask[level][:, fed + level].to(dev) if depth else None
@@ -113,9 +120,17 @@ class TreeDecoder(LoopDecoder):
             width = max([self.k if spec_on else 0] + [tr.rank[c] + 1 for v in level for c in tr.children[v]])
             self.draft_levels.append((depth, level, allowed, width))
 
-    def needed(self, walk: list[int]) -> set[int]:
+    def needed(self, walk: list[int]) -> set[int] | None:
+        """The units that must fire for the layer-l walk to exit; None: it cannot exit.
+
+        independent: the predictor of every walk node (each vouches that its accepted child,
+        or for the last node the bonus, is among its candidates); a walk ending at a leaf has no
+        predictor for its bonus token, so it cannot exit. merged: the hyper-tokens through the
+        walk's last node -- every path that contains the whole accepted prefix."""
         if self.mapping == "independent":
-            return set(walk)
+            if walk[-1] not in self.unit_of:
+                return None
+            return {self.unit_of[v] for v in walk}
         return set(self.through[walk[-1]])
 
     # -- draft ----------------------------------------------------------------------------
@@ -156,17 +171,24 @@ class TreeDecoder(LoopDecoder):
         rope = rt.rope(h, pos)
         active = self.schedule.active(state)
         eligible = [self.can_exit[i] and active[i] for i in range(rt.num_layers)]
+        probe_only = delta_probe_layers(eligible, self.delta_from) if spec is not None else [False] * len(eligible)
         p_prev = {}
-        if spec is not None:
-            spec_w = rt.lm_head.weight[torch.tensor(spec, device=rt.device)]  # (N+1, K, d)
-            p_prev = {v: initial_p(self.k, spec_w[v]) for v in self.feat_node}
-        counts = {"pred_calls": 0, "verify_calls": 0}
+        if spec is not None:  # (units, K, d): the LM-head rows of each unit's candidates
+            spec_w = rt.lm_head.weight[torch.tensor([spec[v] for v in self.feat_node], device=rt.device)]
+            p_prev = [initial_p(self.k, spec_w[j]) for j in range(len(self.feat_node))]
+        counts = {"pred_calls": 0, "verify_calls": 0, "delta_probes": 0}
 
         def exit_test(i, h):
             normed = rt.norm(h)[0]
+            if probe_only[i]:  # layer l-1's p for the predictors at l, as in training
+                z = (spec_w @ normed[self.feat_node][..., None])[..., 0].float()
+                p_prev[:] = list(torch.softmax(z, -1))
+                counts["delta_probes"] += 1
+                timer.lap("predictors")
+                return None
             decisions = []
-            for v in self.feat_node:
-                x, p_prev[v] = spec_features(normed[v], spec_w[v], p_prev[v])
+            for j, v in enumerate(self.feat_node):
+                x, p_prev[j] = spec_features(normed[v], spec_w[j], p_prev[j])
                 decisions.append(pred.decide(i, x))
             fires = timer.host_list(torch.stack(decisions))  # one sync per layer, not per unit
             counts["pred_calls"] += len(fires)
@@ -178,12 +200,15 @@ class TreeDecoder(LoopDecoder):
             counts["verify_calls"] += 1
             nxt = timer.host_list(rt.lm_head(normed).argmax(-1))
             walk = tr.walk(nxt, tokens)
-            ok = target is not None or (all(fires[u] for u in self.needed(walk))
+            needed = self.needed(walk)
+            agree = any if self.mapping == "merged" and self.exit_rule == "any_path" else all
+            ok = target is not None or (needed is not None and agree(fires[u] for u in needed)
                                         and all(nxt[v] in spec[v] for v in walk))
             timer.lap("verification")
             return (walk, nxt, normed) if ok else None
 
-        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, self.block, eligible, exit_test, timer)
+        walk_at = [e or p for e, p in zip(eligible, probe_only)]
+        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, self.block, walk_at, exit_test, timer)
         if decision is None:
             normed = rt.norm(h)[0]
             nxt = timer.host_list(rt.lm_head(normed).argmax(-1))

@@ -117,30 +117,53 @@ def build(tree) -> Tree:
     return Tree(paths, parent, depth, rank, children, mask, leaves, root_paths)
 
 
+def independent_units(tree: Tree) -> list[int]:
+    """The paper's independent mapping (its Fig. 13): one predictor per node that has children,
+    deciding among them; the root always has one (alone it is autoregressive SpecEE)."""
+    return [v for v in range(tree.size) if v == 0 or tree.children[v]]
+
+
 def predictor_evals_per_layer(tree: Tree, mapping: str) -> int:
-    """Predictor evaluations per scheduled layer of one verification step (no exit yet)."""
-    return tree.size if mapping == "independent" else len(tree.leaves)
+    """Predictor evaluations per scheduled layer of one verification step (what costs time)."""
+    return len(independent_units(tree)) if mapping == "independent" else len(tree.leaves)
+
+
+def mapping_complexity(tree: Tree, mapping: str, k: int = 4) -> int:
+    """The paper's mapping complexity (what "exponential vs linear" is about): independent, the
+    product of the predictors' search spaces (a node's children; k for a childless root);
+    merged, the number of hyper-tokens (root-to-leaf paths)."""
+    if mapping == "merged":
+        return len(tree.leaves)
+    out = 1
+    for v in independent_units(tree):
+        out *= len(tree.children[v]) or k
+    return out
+
+
+def describe(t: Tree) -> dict:
+    """Both quantities for both mappings: evaluations per layer and mapping complexity."""
+    return {"nodes": t.size, "depth": t.max_depth, "leaves": len(t.leaves),
+            **{f"{m}_evals_per_layer": predictor_evals_per_layer(t, m) for m in ("independent", "merged")},
+            **{f"{m}_complexity": mapping_complexity(t, m) for m in ("independent", "merged")}}
+
+
+# The paper's Fig. 13 example: root -> 3 tokens, each -> 3 tokens (13 nodes).
+FIGURE_13 = [[a] for a in range(3)] + [[a, b] for a in range(3) for b in range(3)]
 
 
 def sweep(depths=range(1, 6), widths=(1, 2, 3, 4)) -> list[dict]:
-    """Evaluations per scheduled layer, independent vs merged, for full and beam trees."""
-    rows = []
-    for shape, make in (("full", full), ("beam", beam)):
-        for w in widths:
-            for d in depths:
-                t = build(make(d, w))
-                rows.append({"shape": shape, "width": w, "depth": d, "nodes": t.size,
-                             "independent": predictor_evals_per_layer(t, "independent"),
-                             "merged": predictor_evals_per_layer(t, "merged")})
-    return rows
+    """Both mappings' costs for full and beam trees of growing depth and width."""
+    return [{"shape": shape, "width": w, **describe(build(make(d, w)))}
+            for shape, make in (("full", full), ("beam", beam)) for w in widths for d in depths]
 
 
 if __name__ == "__main__":  # python -m specee.decoding.tree_shape
-    print(f"{'shape':5} {'w':>2} {'d':>2} {'nodes':>6} {'indep.':>7} {'merged':>7}")
-    for r in sweep():
-        print(f"{r['shape']:5} {r['width']:>2} {r['depth']:>2} {r['nodes']:>6} {r['independent']:>7} "
-              f"{r['merged']:>7}")
-    for name in ("small", "mc_sim_7b_63"):
-        t = build(name)
-        print(f"{name}: {t.size} nodes, depth {t.max_depth}: independent "
-              f"{predictor_evals_per_layer(t, 'independent')}, merged {predictor_evals_per_layer(t, 'merged')}")
+    print("evals = predictor evaluations per scheduled layer; complexity = the paper's mapping complexity")
+    print(f"{'shape':12} {'w':>2} {'d':>2} {'nodes':>6} {'leaves':>6} {'indep. evals':>12} "
+          f"{'merged evals':>12} {'indep. complexity':>18} {'merged complexity':>18}")
+    named = [(n, "", build(n)) for n in ("small", "mc_sim_7b_63")] + [("figure_13", "", build(FIGURE_13))]
+    rows = [(r["shape"], r["width"], r) for r in sweep()] + [(n, w, describe(t)) for n, w, t in named]
+    for shape, w, r in rows:
+        print(f"{shape:12} {w:>2} {r['depth']:>2} {r['nodes']:>6} {r['leaves']:>6} "
+              f"{r['independent_evals_per_layer']:>12} {r['merged_evals_per_layer']:>12} "
+              f"{r['independent_complexity']:>18} {r['merged_complexity']:>18}")

@@ -6,18 +6,30 @@ At a predictor layer l, with the draft's K speculative tokens S (in draft rank o
     p_l = softmax(z_l)                          their local distribution
     d_l = p_l - p_prev                          its change since the previous predictor layer
 
-``p_prev`` is p at the previous predictor layer *evaluated for this token*; before the first
-evaluated layer it is the uniform distribution 1/K. Collection evaluates every layer, so there
-p_prev is layer l-1's; a scheduled decoder uses whatever layer it evaluated last — the same
-definition, applied to the layers that actually ran.
+``p_prev`` is layer l-1's p for this token (uniform 1/K at layer 0): what predictor training
+sees, since collection evaluates every layer. A scheduled decoder therefore computes p at layer
+l-1 whenever l is a predictor layer and l-1 is not (K dot products, no MLP):
+``early_exit.delta_from=previous_layer``, the default. ``previous_evaluated`` instead takes p at
+the last layer evaluated for this token (uniform before the first) -- cheaper, but a feature
+distribution the predictors were not trained on.
 """
 from __future__ import annotations
 
 import torch
 
 FEATURE_DEFINITION = ("concat(z, softmax(z), softmax(z) - p_prev) with z = norm(h_l) @ lm_head.weight[S].T, "
-                      "S = draft top-K in rank order, p_prev = softmax(z) at the previous predictor "
-                      "layer evaluated for this token, uniform 1/K before the first")
+                      "S = draft top-K in rank order, p_prev = softmax(z) at layer l-1 for this token, "
+                      "uniform 1/K at layer 0")
+
+DELTA_FROM = ("previous_layer", "previous_evaluated")
+
+
+def delta_probe_layers(eligible: list[bool], delta_from: str) -> list[bool]:
+    """Layers where p is computed only to serve as the next predictor layer's p_prev."""
+    if delta_from == "previous_evaluated":
+        return [False] * len(eligible)
+    n = len(eligible)
+    return [i + 1 < n and eligible[i + 1] and not eligible[i] for i in range(n)]
 
 
 # RMSNorms computing weight * h / rms(h): their weight can be folded into the K lm_head rows.

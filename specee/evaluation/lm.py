@@ -131,7 +131,11 @@ class SpeceeLM(LM):
             n_new = int(kwargs.get("max_gen_toks", self.max_gen_toks))
             ctx = self.tok_encode(context) if context else [self.prefix_token_id]
             ctx, cut = self._fit(ctx, self.max_length - n_new, f"generating {n_new} tokens")
-            gen = self.decoder.generate(self._ids(ctx), n_new, eos)
+            stops = [u for u in until if u]
+            # Stop strings end the generation as soon as they appear (not after max_gen_toks).
+            hit = (lambda toks: any(u in self.tokenizer.decode(toks, skip_special_tokens=True) for u in stops)) \
+                if stops else None
+            gen = self.decoder.generate(self._ids(ctx), n_new, eos, stop=hit)
             tokens = gen.tokens[:gen.tokens.index(eos)] if eos in gen.tokens else gen.tokens
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             for stop in until:  # cut at the earliest stop string

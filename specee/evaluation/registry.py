@@ -45,8 +45,9 @@ def data_files(name: str, data_root: Path) -> dict[str, Path]:
         with open(path, "rb") as f:
             if not any(line.strip() for line in f):
                 raise SpeceeError(f"task {name}: data file {path} is empty")
-        from specee.data import read_jsonl
-        read_jsonl(path)  # a bad line is one error with its line number, not a datasets traceback
+        if path.suffix == ".jsonl":
+            from specee.data import read_jsonl
+            read_jsonl(path)  # a bad line is one error with its line number, not a datasets traceback
     return files
 
 
@@ -55,7 +56,8 @@ def write_task_configs(names, data_root: Path, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in check_names(names):
         files = {split: str(p) for split, p in data_files(name, data_root).items()}
-        wrapper = {"include": str(TASKS_DIR / f"{name}.yaml"), "dataset_kwargs": {"data_files": files}}
+        kwargs = {**_repo_config(name).get("dataset_kwargs", {}), "data_files": files}  # e.g. sample_by
+        wrapper = {"include": str(TASKS_DIR / f"{name}.yaml"), "dataset_kwargs": kwargs}
         (out_dir / f"{name}.yaml").write_text(yaml.safe_dump(wrapper, sort_keys=False))
     return out_dir
 
@@ -103,3 +105,15 @@ def primary_metric(name: str, results: dict | None = None, task_source: str = "s
     if not keys:
         raise SpeceeError(f"task {name} reported no metric")
     return keys[0]
+
+
+_LOWER_IS_BETTER = ("perplexity", "bits_per_byte")
+
+
+def lower_is_better(name: str, primary: str, task_source: str = "shipped") -> bool:
+    """Perplexity-like primary metrics improve downwards (the shipped YAML says so too)."""
+    if task_source == "shipped" and name in available():
+        meta = _repo_config(name).get("metadata", {})
+        if "lower_is_better" in meta:
+            return bool(meta["lower_is_better"])
+    return any(k in primary for k in _LOWER_IS_BETTER)

@@ -55,3 +55,11 @@ def winogrande_suffix(doc) -> str:
 # -- GSM8K: the reference is the number after "####" ----------------------------------------
 def gsm8k_final_number(doc) -> str:
     return doc["answer"].split("####")[-1].strip().replace(",", "")
+
+
+# -- TinyStories validation: one document per story (the file ends each with <|endoftext|>) --
+def tinystories_stories(dataset):
+    from datasets import Dataset
+    text = "\n".join(dataset["text"])
+    stories = [s.strip() for s in text.split("<|endoftext|>")]
+    return Dataset.from_list([{"text": s} for s in stories if s])
