@@ -104,6 +104,7 @@ def run(cfg) -> dict:
         by_cat[p["category"]].append([t["exit_layer"] for t in g.trace])
     by_cat["all"] = [s for c in list(by_cat) for s in by_cat[c]]
     metrics["exit_distribution"] = {c: distribution([x for s in seqs for x in s], L) for c, seqs in by_cat.items()}
+    metrics["skew_bottom_half_by_probability"] = metrics["exit_distribution"]["all"]["skew_bottom_half_by_probability"]
     metrics["context_similarity"] = {"window": w, "from": reference, "per_category": {
         c: context_similarity(seqs, w, L, e.max_n) for c, seqs in by_cat.items()}}
 

@@ -155,7 +155,8 @@ def fig_exit_distribution(docs):
         raise Skip("no stats results (experiment=stats)")
     fig, ax = plt.subplots(figsize=(10, 4.5))
     md = ("| model | tokens | bottom half by exit probability (paper: <= 0.20) | shallower half by depth | "
-          "layers below uniform | no exit |\n|---|---|---|---|---|---|\n")
+          "layers below uniform | no exit | oracle floor, layers (first right / stays right) | "
+          "ideal speedup |\n|---|---|---|---|---|---|---|---|\n")
     for d in stats:
         dist = d["metrics"]["exit_distribution"]["all"]
         share = dist["share_per_layer"]
@@ -165,7 +166,9 @@ def fig_exit_distribution(docs):
         by_depth = dist.get("share_of_exits_in_shallower_half_by_depth", dist.get("share_of_exits_in_bottom_half"))
         md += (f"| {d['config']['model']['name']} | {dist['tokens']} | "
                f"{'–' if by_prob is None else f'{by_prob:.3f}'} | {by_depth:.3f} | "
-               f"{dist['share_of_layers_below_uniform']:.3f} | {dist['share_without_exit']:.3f} |\n")
+               f"{dist['share_of_layers_below_uniform']:.3f} | {dist['share_without_exit']:.3f} | "
+               + (f"{o['oracle_avg_layers']:.2f} / {o['oracle_stable_avg_layers']:.2f} | {o['ideal_speedup']:.2f}× |\n"
+                  if (o := d["metrics"].get("oracle", {})).get("tokens") else "– | – |\n"))
     ax.set_xlabel("exit layer (1 = first decoder layer; last = no early exit)")
     ax.set_ylabel("share of tokens (%)")
     ax.set_title(f"Exit-layer distribution, predictors at all layers (cf. paper Fig. 10); dashed: uniform\n"

@@ -70,6 +70,7 @@ def test_exit_profile_and_statistics(micro, tmp_path):
     assert 0 <= dist["skew_bottom_half_by_probability"] <= dist["share_of_exits_in_shallower_half_by_depth"] + 0.5
     assert 1 <= m["oracle"]["oracle_avg_layers"] <= m["oracle"]["oracle_stable_avg_layers"] <= 4
     assert m["oracle_avg_layers"] == m["oracle"]["oracle_avg_layers"]
+    assert m["skew_bottom_half_by_probability"] == dist["skew_bottom_half_by_probability"]
     for row in m["placements"].values():
         assert row["avg_layers_over_oracle"] > 0
 
@@ -171,6 +172,7 @@ def test_sweep_collect_and_report(micro, tmp_path):
     assert _pdf_pages(out / "report.pdf") == 6
     md = (out / "summary.md").read_text()
     assert "## Ablation staircase" in md and "Accuracy: no accuracy results" in md
+    assert "bottom half by exit probability" in md and "oracle floor" in md and "vs HF generate" in md
 
 
 def test_submitit_local_launcher_runs_the_same_path(micro, tmp_path):
