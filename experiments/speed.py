@@ -204,6 +204,13 @@ def run(cfg) -> dict:
     m["hf_generate_tokens_per_s"] = hf_tps
     m["speedup_vs_hf_generate"] = m["tokens_per_s"] / hf_tps if hf_tps else None
     d["speedup_vs_hf_generate"] = d["tokens_per_s"] / hf_tps if hf_tps else None
+    # The bandwidth floor, measured after the timed runs: ms/token as a multiple of it.
+    from specee.bench.bandwidth import bound, copy_bandwidth
+    context = sum(r["prompt_tokens"] + r["dense_tokens"] / 2 for r in per_prompt) / len(per_prompt)
+    m["bandwidth_bound"] = bound(rt, context, copy_bandwidth(rt.device))
+    for side in (m, d):
+        side["ms_per_token"] = 1e3 / side["decode_tokens_per_s"]
+        side["ms_per_token_over_limit"] = side["ms_per_token"] / m["bandwidth_bound"]["limit_ms_per_token"]
     m["noisy_reasons"] = noisy_reasons(m, cfg.ablation.mode, load_before, machine_load(), decoder.multi_token)
     m["noisy"] = bool(m["noisy_reasons"])
     m["machine_load_before"] = load_before
@@ -221,5 +228,8 @@ def run(cfg) -> dict:
           f"match {m['match_rate_vs_dense']:.3f}"
           + (f", hf_generate_ratio {m['hf_generate_ratio']:.3f}" if "hf_generate_ratio" in m else "")
           + (f", speedup_vs_hf_generate {m['speedup_vs_hf_generate']:.3f}" if m["speedup_vs_hf_generate"] else ""))
+    print(f"bandwidth floor {m['bandwidth_bound']['limit_ms_per_token']:.3f} ms/token "
+          f"({m['bandwidth_bound']['copy_gb_per_s']:.1f} GB/s copy): this mode {m['ms_per_token_over_limit']:.1f}x, "
+          f"dense {d['ms_per_token_over_limit']:.1f}x")
     print(f"wrote {path}")
     return m

@@ -93,6 +93,9 @@ def test_speed_run_writes_a_self_describing_result(micro, ablation, tmp_path):
     # The paper's end-to-end speedup against HF generate, for every mode and for the dense loop.
     assert m["speedup_vs_hf_generate"] > 0 and m["dense"]["speedup_vs_hf_generate"] > 0
     assert m["speedup_vs_hf_generate"] == pytest.approx(m["tokens_per_s"] / m["hf_generate_tokens_per_s"])
+    bb = m["bandwidth_bound"]
+    assert bb["limit_ms_per_token"] > 0 and bb["bytes_per_token"]["kv"] > 0 and bb["copy_gb_per_s"] > 0
+    assert m["ms_per_token_over_limit"] == pytest.approx(m["ms_per_token"] / bb["limit_ms_per_token"])
     assert 1 <= m["avg_layers"] <= m["num_layers"] == 4
     if ablation in ("dense", "eagle"):  # lossless modes
         assert m["match_rate_vs_dense"] == 1.0

@@ -7,6 +7,10 @@ prints the ratios with their spread — the time-based counterpart of the parame
 model card.
 
     python -m specee.bench.cost --model specee/artifacts/tiny --draft specee/artifacts/tiny_draft --threads 2
+
+``--profile`` instead breaks one decoder-layer step down by operator (torch.profiler, self time
+per step): how many ops a layer dispatches and what each costs — where the time goes when it is
+far above the bandwidth floor (:mod:`specee.bench.bandwidth`).
 """
 from __future__ import annotations
 
@@ -77,6 +81,49 @@ def measure(model_path: str, draft_path: str | None, context: int = 256, repeats
     return out
 
 
+@torch.inference_mode()
+def op_profile(model_path: str, context: int = 256, steps: int = 100, dtype: str = "float32", top: int = 15) -> dict:
+    """Per-operator self time of one decoder-layer decode step, averaged over ``steps``."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+
+    from specee.bench.bandwidth import bytes_per_token, copy_bandwidth
+    from specee.runtime import LayerwiseLM
+    model = AutoModelForCausalLM.from_pretrained(project_path(model_path), dtype=getattr(torch, dtype)).eval()
+    rt = LayerwiseLM(model)
+    ids = torch.randint(1, rt.config.vocab_size, (1, context), device=rt.device)
+    cache = rt.new_cache(context + 4)
+    rt.forward(ids, cache)
+    h = rt.embed(ids[:, -1:])
+    pos = torch.tensor([[context]], device=rt.device)
+    rope = rt.rope(h, pos)
+    mid = rt.num_layers // 2
+
+    def layer():
+        rt.run_layer(mid, h, rope, cache, None, pos)
+        cache.lengths[mid] -= 1
+
+    for _ in range(20):
+        layer()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            layer()
+    rows = [{"op": e.key, "calls_per_step": e.count / steps, "self_us_per_step": e.self_cpu_time_total / steps}
+            for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    rows.sort(key=lambda r: -r["self_us_per_step"])
+    total = sum(r["self_us_per_step"] for r in rows)
+    calls = sum(r["calls_per_step"] for r in rows)
+    layer_bytes = (bytes_per_token(rt, context)["total"] - rt.lm_head.weight.numel() * rt.lm_head.weight.element_size()) \
+        / rt.num_layers
+    bw = copy_bandwidth(rt.device)
+    return {"model": str(model_path), "context": context, "steps": steps, "threads": torch.get_num_threads(),
+            "profiled_us_per_layer_step": total, "op_calls_per_layer_step": calls,
+            "mean_us_per_op_call": total / calls if calls else None,
+            "layer_bandwidth_floor_us": 1e6 * layer_bytes / bw, "copy_gb_per_s": bw / 1e9,
+            "top_ops": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in rows[:top]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="specee/artifacts/tiny")
@@ -84,9 +131,13 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=400)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--profile", action="store_true", help="per-operator breakdown of one layer step")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.profile:
+        print(json.dumps(op_profile(args.model, args.context), indent=1))
+        return
     print(json.dumps(measure(args.model, args.draft, args.context, args.repeats), indent=1))
 
 
