@@ -176,6 +176,7 @@ def test_sweep_collect_and_report(micro, tmp_path):
     md = (out / "summary.md").read_text()
     assert "## Ablation staircase" in md and "Accuracy: no accuracy results" in md
     assert "bottom half by exit probability" in md and "oracle floor" in md and "vs HF generate" in md
+    assert "× bandwidth floor" in md and "×) |" in md
 
 
 def test_submitit_local_launcher_runs_the_same_path(micro, tmp_path):
