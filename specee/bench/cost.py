@@ -25,35 +25,40 @@ import torch
 from specee.io import project_path
 
 
-@torch.inference_mode()
-def measure(model_path: str, draft_path: str | None, context: int = 256, repeats: int = 400,
-            dtype: str = "float32") -> dict:
+def _decode_step(model_path: str, context: int, dtype: str):
+    """A runtime with ``context`` tokens cached and a token about to be decoded, and ``layer()``:
+    one decode step of the next layer each call (as decoding does: a model larger than the CPU's
+    caches streams its weights from memory; the same layer over and over stays cached and reads
+    ~2.5x faster on tiny), its K/V append undone so every call sees the same context."""
     from transformers import AutoModelForCausalLM
 
-    from specee.models.draft import load_draft
     from specee.runtime import LayerwiseLM
     model = AutoModelForCausalLM.from_pretrained(project_path(model_path), dtype=getattr(torch, dtype)).eval()
     rt = LayerwiseLM(model)
-    draft = load_draft(project_path(draft_path), rt)[0] if draft_path else None
-    ids = torch.randint(1, rt.config.vocab_size, (1, context))
+    ids = torch.randint(1, rt.config.vocab_size, (1, context), device=rt.device)
     cache = rt.new_cache(context + 4)
     rt.forward(ids, cache)
     h = rt.embed(ids[:, -1:])
-    pos = torch.tensor([[context]])
+    pos = torch.tensor([[context]], device=rt.device)
     rope = rt.rope(h, pos)
-    dcache = draft.new_cache(context + 4) if draft else None
-    if draft:
-        draft(ids[:, 1:], torch.randn(1, context - 1, rt.config.hidden_size, dtype=rt.dtype), dcache)
-
     order = itertools.cycle(range(rt.num_layers))
 
     def layer():
-        # Each repeat runs the next layer, as decoding does: a model larger than the CPU's caches
-        # then streams its weights from memory (the same layer over and over stays cached and
-        # reads ~2.5x faster on tiny — not what a decode step sees).
         i = next(order)
         rt.run_layer(i, h, rope, cache, None, pos)
-        cache.lengths[i] -= 1  # undo the append: every repeat sees the same context
+        cache.lengths[i] -= 1
+    return rt, ids, h, layer
+
+
+@torch.inference_mode()
+def measure(model_path: str, draft_path: str | None, context: int = 256, repeats: int = 400,
+            dtype: str = "float32") -> dict:
+    from specee.models.draft import load_draft
+    rt, ids, h, layer = _decode_step(model_path, context, dtype)
+    draft = load_draft(project_path(draft_path), rt)[0] if draft_path else None
+    dcache = draft.new_cache(context + 4) if draft else None
+    if draft:
+        draft(ids[:, 1:], torch.randn(1, context - 1, rt.config.hidden_size, dtype=rt.dtype, device=rt.device), dcache)
 
     def head():
         int(rt.lm_head(rt.norm(h))[0, -1].argmax())
@@ -91,25 +96,9 @@ def measure(model_path: str, draft_path: str | None, context: int = 256, repeats
 def op_profile(model_path: str, context: int = 256, steps: int = 100, dtype: str = "float32", top: int = 15) -> dict:
     """Per-operator self time of one decoder-layer decode step, averaged over ``steps``."""
     from torch.profiler import ProfilerActivity, profile
-    from transformers import AutoModelForCausalLM
 
     from specee.bench.bandwidth import bytes_per_token, copy_bandwidth
-    from specee.runtime import LayerwiseLM
-    model = AutoModelForCausalLM.from_pretrained(project_path(model_path), dtype=getattr(torch, dtype)).eval()
-    rt = LayerwiseLM(model)
-    ids = torch.randint(1, rt.config.vocab_size, (1, context), device=rt.device)
-    cache = rt.new_cache(context + 4)
-    rt.forward(ids, cache)
-    h = rt.embed(ids[:, -1:])
-    pos = torch.tensor([[context]], device=rt.device)
-    rope = rt.rope(h, pos)
-    order = itertools.cycle(range(rt.num_layers))
-
-    def layer():  # the next layer each time: weights streamed from memory, as in decoding
-        i = next(order)
-        rt.run_layer(i, h, rope, cache, None, pos)
-        cache.lengths[i] -= 1
-
+    rt, _, _, layer = _decode_step(model_path, context, dtype)
     for _ in range(20):
         layer()
     walls = []

@@ -107,6 +107,7 @@ class TreeDecoder(LoopDecoder):
         once, on the runtime's device, not per step on the CPU."""
         tr, dev = self.tree, self.rt.device
         self.block = tr.mask.to(dev) if tr.size > 1 else None  # root alone: AR's exact call
+        self.feat_idx = torch.tensor(self.feat_node, device=dev)
         self.depth = torch.tensor(tr.depth, device=dev)
         spec_on = self.predictors is not None
         self.draft_levels, fed = [], []
@@ -181,7 +182,7 @@ class TreeDecoder(LoopDecoder):
         def exit_test(i, h):
             normed = rt.norm(h)[0]
             if probe_only[i]:  # layer l-1's p for the predictors at l, as in training
-                z = (spec_w @ normed[self.feat_node][..., None])[..., 0].float()
+                z = (spec_w @ normed[self.feat_idx][..., None])[..., 0].float()
                 p_prev[:] = list(torch.softmax(z, -1))
                 counts["delta_probes"] += 1
                 timer.lap("predictors")

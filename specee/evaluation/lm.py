@@ -132,9 +132,12 @@ class SpeceeLM(LM):
             ctx = self.tok_encode(context) if context else [self.prefix_token_id]
             ctx, cut = self._fit(ctx, self.max_length - n_new, f"generating {n_new} tokens")
             stops = [u for u in until if u]
-            # Stop strings end the generation as soon as they appear (not after max_gen_toks).
-            hit = (lambda toks: any(u in self.tokenizer.decode(toks, skip_special_tokens=True) for u in stops)) \
-                if stops else None
+            # Stop strings end the generation as soon as they appear (not after max_gen_toks). A
+            # stop first appears ending in the newest token and spans at most its byte length in
+            # tokens, so only that tail is decoded per step (not the whole text, quadratically).
+            tail = max((len(u.encode()) for u in stops), default=0) + 1
+            hit = (lambda toks: any(u in self.tokenizer.decode(toks[-tail:], skip_special_tokens=True)
+                                    for u in stops)) if stops else None
             gen = self.decoder.generate(self._ids(ctx), n_new, eos, stop=hit)
             tokens = gen.tokens[:gen.tokens.index(eos)] if eos in gen.tokens else gen.tokens
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
