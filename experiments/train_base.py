@@ -5,6 +5,8 @@
 
 Training checkpoints to ``checkpoint_dir`` every ``checkpoint_minutes``; the same command, run
 again, resumes from the last checkpoint (the recipe must match; ``force=true`` starts over).
+A later stage (``init_from=<checkpoint folder of an earlier run>``) continues that run's weights,
+tokenizer, Adam moments and RNG streams under a new schedule; the card lists every stage.
 Writes ``out_dir`` atomically: bf16 safetensors, tokenizer, ``model_card.json`` (data files and
 their sha256, command, seed, steps, tokens, loss curve, validation perplexity) and ``MODEL_CARD.md``.
 """
@@ -85,7 +87,8 @@ def _lr(step: int, e) -> float:
 
 _RESUME_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "seq_len", "batch_size", "steps", "lr", "min_lr_ratio", "warmup_steps",
-                "weight_decay", "grad_clip", "tinystories_share")
+                "weight_decay", "grad_clip", "tinystories_share", "init_from", "autocast_dtype")
+_ARCH_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
 
 
 def _save_checkpoint(ckpt_dir, model, opt, tokenizer, rng, state: dict) -> None:
@@ -116,6 +119,8 @@ def _load_checkpoint(ckpt_dir, recipe: dict):
     except Exception as err:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
         raise SpeceeError(f"training checkpoint {ckpt_dir} is unreadable ({type(err).__name__}: {err}); "
                           "delete it or pass force=true to start over") from None
+    if recipe is None:
+        return state, blob, tokenizer
     theirs = {k: state["recipe"].get(k) for k in _RESUME_KEYS}
     ours = {k: recipe.get(k) for k in _RESUME_KEYS}
     if theirs != ours:
@@ -123,6 +128,25 @@ def _load_checkpoint(ckpt_dir, recipe: dict):
         raise SpeceeError(f"training checkpoint {ckpt_dir} was made by another recipe "
                           f"(checkpoint vs now: {diff}); rerun with the same settings, or force=true to start over")
     return state, blob, tokenizer
+
+
+def _earlier_stages(init_dir, recipe: dict):
+    """The checkpoint an ``init_from`` stage starts from, with the stages that made it."""
+    if not (init_dir / "progress.json").is_file():
+        raise SpeceeError(f"experiment.init_from={init_dir} holds no train_base checkpoint (progress.json); "
+                          "point it at the checkpoint_dir of a finished earlier run")
+    state, blob, tokenizer = _load_checkpoint(init_dir, None)
+    theirs = {k: state["recipe"].get(k) for k in _ARCH_KEYS}
+    ours = {k: recipe.get(k) for k in _ARCH_KEYS}
+    if theirs != ours:
+        diff = {k: (theirs[k], ours[k]) for k in _ARCH_KEYS if theirs[k] != ours[k]}
+        raise SpeceeError(f"experiment.init_from={init_dir} is another architecture (checkpoint vs now: {diff}); "
+                          "a later stage keeps the model's shape")
+    seq, bs = state["recipe"]["seq_len"], state["recipe"]["batch_size"]
+    this = {"recipe": state["recipe"], "steps": state["step"], "tokens_seen": state["step"] * seq * bs,
+            "train_seconds": round(state["train_seconds"], 1), "skipped_nonfinite_steps": state["skipped"],
+            "resumed_at_steps": state["resumed_at"], "val_curve": state["evals"]}
+    return state.get("earlier_stages", []) + [this], blob, tokenizer
 
 
 def run(cfg) -> dict:
@@ -138,13 +162,16 @@ def run(cfg) -> dict:
     if cfg.force:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     resumed = _load_checkpoint(ckpt_dir, recipe)
-
+    init = None
     if resumed:
         state, blob, tokenizer = resumed
     else:
         state = {"recipe": recipe, "step": 0, "train_seconds": 0.0, "curve": [], "evals": [],
-                 "skipped": [], "resumed_at": []}
-        tokenizer = train_tokenizer(stories.documents + books.documents, e.vocab_size)
+                 "skipped": [], "resumed_at": [], "earlier_stages": []}
+        if e.init_from:
+            state["earlier_stages"], blob, tokenizer = init = _earlier_stages(project_path(e.init_from), recipe)
+        else:
+            tokenizer = train_tokenizer(stories.documents + books.documents, e.vocab_size)
     streams = {"tinystories": _token_stream(tokenizer, stories.documents),
                "children_books_pg": _token_stream(tokenizer, books.documents)}
     eos = tokenizer.convert_tokens_to_ids(EOS)
@@ -163,6 +190,14 @@ def run(cfg) -> dict:
         state["resumed_at"].append(state["step"])
         print(f"resuming from {ckpt_dir} at step {state['step']} "
               f"({state['train_seconds'] / 60:.1f} min trained so far)", flush=True)
+    elif init:
+        model.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])  # Adam moments carry over; the schedule sets lr each step
+        torch.set_rng_state(blob["torch_rng"])
+        rng.setstate(_as_rng_state(blob["py_rng"]))  # continue the data stream, don't replay it
+        print(f"stage {len(state['earlier_stages']) + 1}: starting from {e.init_from} "
+              f"({sum(s['steps'] for s in state['earlier_stages'])} earlier steps)", flush=True)
+    autocast = getattr(torch, e.autocast_dtype) if e.autocast_dtype else None
 
     def batch() -> torch.Tensor:
         rows = []
@@ -188,7 +223,7 @@ def run(cfg) -> dict:
         for g in opt.param_groups:
             g["lr"] = _lr(step, e)
         b = batch()
-        loss = _loss(model, b)
+        loss = _loss(model, b, autocast)
         state["step"] = step + 1  # counted even when a non-finite update is skipped
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -253,9 +288,12 @@ def run(cfg) -> dict:
                        "val_bits_per_byte": round(final_bpb, 4)},
         "steps": steps_done, "steps_planned": e.steps, "stopped_early": stopped_early,
         "skipped_nonfinite_steps": state["skipped"], "resumed_at_steps": state["resumed_at"],
-        "tokens_seen": steps_done * tokens_per_step,
+        "earlier_stages": state.get("earlier_stages", []),
+        "tokens_seen": steps_done * tokens_per_step + sum(s["tokens_seen"] for s in state.get("earlier_stages", [])),
         "train_tokens_available": {k: int(v.numel()) for k, v in streams.items()},
         "train_seconds": round(state["train_seconds"], 1), "threads": torch.get_num_threads(),
+        "train_seconds_all_stages": round(state["train_seconds"] + sum(
+            s["train_seconds"] for s in state.get("earlier_stages", [])), 1),
         "torch": torch.__version__, "saved_dtype": e.save_dtype,
         "val_curve": state["evals"],
         "samples": card_samples,
@@ -305,8 +343,9 @@ def _scale_residual_init(model, num_layers: int) -> None:
                 lin.weight.normal_(0.0, 0.02 / math.sqrt(2 * num_layers))
 
 
-def _loss(model, b: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=b[:, :-1]).logits
+def _loss(model, b: torch.Tensor, autocast=None) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        logits = model(input_ids=b[:, :-1]).logits
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                              b[:, 1:].reshape(-1))
 
@@ -326,9 +365,13 @@ def _card_markdown(card: dict) -> str:
         "code path runs on a CPU without a model hub; it is not a useful assistant.", "",
         f"- command: `{card['command']}` (seed {card['seed']}), with `paths.data_root` pointing at a data "
         "root that holds the training corpora below (not shipped; see the README)",
-        f"- steps: {card['steps']} of {card['steps_planned']} planned, tokens seen: {card['tokens_seen']:,}, "
+        f"- steps: {card['steps']} of {card['steps_planned']} planned, tokens seen (all stages): {card['tokens_seen']:,}, "
         f"train time {card['train_seconds'] / 60:.1f} min on {card['threads']} CPU threads"
         + (f" (resumed at steps {card['resumed_at_steps']})" if card.get("resumed_at_steps") else ""),
+        *[f"- stage {i + 1} of {len(card.get('earlier_stages', [])) + 1} (the run this one started from, "
+          f"`init_from`): {st['steps']} steps, {st['tokens_seen']:,} tokens, {st['train_seconds'] / 60:.1f} min, "
+          f"peak lr {st['recipe']['lr']}, {len(st['skipped_nonfinite_steps'])} skipped updates; recipe in "
+          "`model_card.json`" for i, st in enumerate(card.get("earlier_stages", []))],
         f"- validation on the first {v['stories']} stories of `{v['file']}`: "
         + (f"**{v['val_bits_per_byte']} bits per byte** (tokenizer-independent), " if "val_bits_per_byte" in v else "")
         + f"token perplexity {v['val_ppl']} (depends on the vocabulary: compare bits per byte across models)",
@@ -357,8 +400,10 @@ def _card_markdown(card: dict) -> str:
         lines += ["## Training notes", "", *[f"- {n}" for n in card["notes"]], ""]
     curve_key = "val_bpb" if card["val_curve"] and "val_bpb" in card["val_curve"][0] else "val_ppl"
     lines += [
-        "## Validation during training", "", f"| step | {curve_key} |", "|---|---|",
-        *[f"| {r['step']} | {r[curve_key]} |" for r in card["val_curve"]], "",
+        "## Validation during training", "", f"| step (all stages) | {curve_key} |", "|---|---|",
+        *[f"| {r['step'] + sum(st['steps'] for st in card.get('earlier_stages', [])[:i])} | {r[curve_key]} |"
+          for i, curve in enumerate([st["val_curve"] for st in card.get("earlier_stages", [])] + [card["val_curve"]])
+          for r in curve if curve_key in r], "",
         "## Greedy samples", "",
         *[f"- *{r['prompt']}* → {r['greedy_continuation']!r}" for r in card.get("samples", [])], "",
         "## Training data (sha256)", "",

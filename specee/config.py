@@ -82,6 +82,15 @@ class AblationConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    name: str = MISSING
+    kind: str = "eager"  # eager | compiled
+    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
+    max_block: int = 64  # compiled: largest masked block (tree nodes) run by the compiled step
+    cache_bucket: int = 256  # compiled: KV capacity rounded up to a multiple (one graph per bucket)
+
+
+@dataclass
 class DatasetConfig:
     name: str = MISSING
     source: str = "spec_bench"  # spec_bench | mt_bench | gsm8k | humaneval | alpaca | jsonl | hf
@@ -137,6 +146,10 @@ class TrainBaseExperiment:
     checkpoint_dir: str = "runs/checkpoints/train_base/${model.name}"  # resume point
     checkpoint_minutes: float = 5.0  # 0 = no checkpoints
     log_every: int = 10  # steps between progress lines
+    # A later training stage: start from this train_base checkpoint folder (its weights, tokenizer,
+    # Adam moments and RNG streams) with this recipe's schedule; the card lists every stage.
+    init_from: Optional[str] = None
+    autocast_dtype: Optional[str] = None  # "bfloat16": mixed-precision forward (fp32 master weights)
 
 
 @dataclass
@@ -261,6 +274,7 @@ class Config:
     placement: Any = MISSING
     early_exit: EarlyExitConfig = field(default_factory=EarlyExitConfig)
     dataset: Any = MISSING
+    runtime: RuntimeConfig = MISSING
     experiment: Any = MISSING
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = 0
@@ -274,6 +288,7 @@ SCHEMAS = {
     ("model", "model_schema"): ModelConfig,
     ("ablation", "ablation_schema"): AblationConfig,
     ("dataset", "dataset_schema"): DatasetConfig,
+    ("runtime", "runtime_schema"): RuntimeConfig,
     ("experiment", "speed_schema"): SpeedExperiment,
     ("experiment", "train_base_schema"): TrainBaseExperiment,
     ("experiment", "train_draft_schema"): TrainDraftExperiment,
@@ -364,6 +379,10 @@ def validate(cfg) -> None:
             raise SpeceeError(f"experiment.task_source={cfg.experiment.task_source!r} is unknown; valid: shipped, lm_eval")
         if cfg.experiment.drift_gate not in ("auto", "exact", "interval"):
             raise SpeceeError(f"experiment.drift_gate={cfg.experiment.drift_gate!r} is unknown; valid: auto, exact, interval")
+    if cfg.experiment._target_ == "experiments.train_base.run":
+        if cfg.experiment.autocast_dtype not in (None, "bfloat16", "float16"):
+            raise SpeceeError(f"experiment.autocast_dtype={cfg.experiment.autocast_dtype!r} is unknown; "
+                              "valid: null (float32), bfloat16, float16")
 
 
 def _at_least(value, low, key: str, why: str = "") -> None:
@@ -383,6 +402,14 @@ def _validate_ranges(cfg) -> None:
     if not 0.0 <= ee.threshold <= 1.0:
         raise SpeceeError(f"early_exit.threshold={ee.threshold} must lie in [0, 1]")
     _at_least(cfg.threads, 1, "threads")
+    r = cfg.runtime
+    if r.kind not in ("eager", "compiled"):
+        raise SpeceeError(f"runtime.kind={r.kind!r} is unknown; valid: eager, compiled")
+    if r.compile_mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        raise SpeceeError(f"runtime.compile_mode={r.compile_mode!r} is unknown; valid: default, reduce-overhead, "
+                          "max-autotune, max-autotune-no-cudagraphs")
+    _at_least(r.max_block, 1, "runtime.max_block")
+    _at_least(r.cache_bucket, 1, "runtime.cache_bucket")
     _at_least(cfg.model.num_layers, 1, "model.num_layers")
     for key in ("repeats",):
         if key in e:

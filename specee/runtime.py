@@ -116,8 +116,11 @@ class LayerwiseLM:
         self.dtype = self.embed_tokens.weight.dtype
         self.device = self.embed_tokens.weight.device
 
-    def new_cache(self, capacity: int = 256) -> LayerKVCache:
-        return LayerKVCache(self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device,
+    kind = "eager"
+    fallback = None  # why a compiled runtime runs eagerly (None: it does not)
+
+    def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> LayerKVCache:
+        return LayerKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device,
                             capacity)
 
     # -- pieces ---------------------------------------------------------------------------
@@ -139,9 +142,14 @@ class LayerwiseLM:
         ``block_mask`` (T x T, bool, True = may attend) says which new tokens see each other;
         every cached entry of this layer is visible to all of them. None means causal.
         """
+        return self.step_layer(self.layers[i], i, h, rope, cache, block_mask, position_ids)
+
+    def step_layer(self, layer, i: int, h, rope, cache: LayerKVCache, block_mask=None, position_ids=None):
+        """``layer`` (a decoder layer of this model's class, e.g. the draft head's) over h, reading
+        and writing cache layer ``i``. The compiled runtime overrides this one verb."""
         mask = self.mask_for(cache.lengths[i], h.shape[1], block_mask)
-        return self.layers[i](h, attention_mask=mask, position_embeddings=rope,
-                              position_ids=position_ids, cache=cache, use_cache=True)
+        return layer(h, attention_mask=mask, position_embeddings=rope,
+                     position_ids=position_ids, cache=cache, use_cache=True)
 
     def mask_for(self, past: int, t: int, block_mask: torch.Tensor | None):
         """Additive mask for T new tokens over ``past`` cached ones; None when SDPA's default fits."""

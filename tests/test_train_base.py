@@ -55,3 +55,39 @@ def test_interrupted_training_resumes_bit_for_bit(tmp_path, train_data_root):
     assert curve("resumed") == curve("straight")
     card = json.loads((tmp_path / "resumed" / "model_card.json").read_text())
     assert card["resumed_at_steps"] == [1] and card["steps"] == 12
+
+
+def test_a_later_stage_continues_an_earlier_run(tmp_path, train_data_root):
+    """init_from starts a new schedule from an earlier run's checkpoint: its weights (the loss goes on
+    from where that run ended, not from a fresh model's), tokenizer and token count; the card lists
+    both stages. A checkpoint of another shape is refused with one clear error."""
+    micro = [f"paths.data_root={train_data_root}", "experiment.vocab_size=300", "experiment.hidden_size=32",
+             "experiment.intermediate_size=64", "experiment.num_layers=2", "experiment.num_heads=2",
+             "experiment.num_kv_heads=1", "experiment.seq_len=16", "experiment.batch_size=4",
+             "experiment.warmup_steps=2", "experiment.lr=5e-3", "experiment.eval_every=0",
+             "experiment.final_eval_stories=2"]
+
+    def train(name, *extra):
+        return run_cli("experiment=train_base", *micro, f"experiment.out_dir={tmp_path / name}",
+                       f"experiment.checkpoint_dir={tmp_path / (name + '_ckpt')}", *extra,
+                       f"hydra.run.dir={tmp_path / 'run' / name}")
+
+    first = train("stage1", "experiment.steps=40")
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = train("stage2", "experiment.steps=10", f"experiment.init_from={tmp_path / 'stage1_ckpt'}",
+                   "experiment.autocast_dtype=bfloat16")
+    assert second.returncode == 0, second.stderr[-2000:]
+    c1 = json.loads((tmp_path / "stage1" / "model_card.json").read_text())
+    c2 = json.loads((tmp_path / "stage2" / "model_card.json").read_text())
+    start1 = sum(r["loss"] for r in c1["loss_curve"][:3]) / 3
+    end1 = sum(r["loss"] for r in c1["loss_curve"][-3:]) / 3
+    start2 = sum(r["loss"] for r in c2["loss_curve"][:3]) / 3
+    assert start2 < start1 - 0.5 and abs(start2 - end1) < 0.5, (start1, end1, start2)
+    assert [s["steps"] for s in c2["earlier_stages"]] == [40] and c2["steps"] == 10
+    assert c2["tokens_seen"] == 50 * 4 * 16
+    assert (tmp_path / "stage1" / "tokenizer.json").read_text() == (tmp_path / "stage2" / "tokenizer.json").read_text()
+    assert "stage 1 of 2" in (tmp_path / "stage2" / "MODEL_CARD.md").read_text()
+
+    wrong = train("wrong", "experiment.steps=2", "experiment.hidden_size=64",
+                  f"experiment.init_from={tmp_path / 'stage1_ckpt'}")
+    assert wrong.returncode != 0 and "another architecture" in wrong.stderr and "Traceback" not in wrong.stderr

@@ -54,8 +54,7 @@ class DraftHead(nn.Module):
         return self._rt
 
     def new_cache(self, capacity: int = 256) -> LayerKVCache:
-        rt = self.rt
-        return LayerKVCache(1, rt.kv_heads, rt.head_dim, rt.dtype, rt.device, capacity)
+        return self.rt.new_cache(capacity, num_layers=1)
 
     def forward(self, next_ids: torch.Tensor, feats: torch.Tensor, cache: LayerKVCache | None = None,
                 position_ids: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -68,10 +67,13 @@ class DraftHead(nn.Module):
             start = cache.seq_len if cache is not None else 0
             position_ids = torch.arange(start, start + x.shape[1], device=x.device).unsqueeze(0)
         rope = rt.rotary(x, position_ids=position_ids)
-        if mask is None:
-            mask = rt.mask_for(cache.lengths[0] if cache is not None else 0, x.shape[1], None)
-        out = self.layer(x, attention_mask=mask, position_embeddings=rope, position_ids=position_ids,
-                         cache=cache, use_cache=cache is not None)
+        if mask is None and cache is not None:  # the runtime's own layer step (compiled where it is)
+            out = rt.step_layer(self.layer, 0, x, rope, cache, None, position_ids)
+        else:
+            if mask is None:
+                mask = rt.mask_for(0, x.shape[1], None)
+            out = self.layer(x, attention_mask=mask, position_embeddings=rope, position_ids=position_ids,
+                             cache=cache, use_cache=cache is not None)
         if cache is not None:
             cache.seq_len += x.shape[1]
         return out

@@ -1,0 +1,251 @@
+"""The compiled runtime (``runtime=compiled``): the same layer-wise API as :class:`LayerwiseLM`,
+with each decoder layer step run by one ``torch.compile``d function over a static KV cache.
+
+Why a separate step function rather than compiling the Hugging Face layer: the HF layer reads its
+cache through Python (``cache.update``, slicing to the current length), so every new length is a
+new shape. Here a layer step reads and writes a preallocated per-layer K/V buffer at a device-side
+length, attends over the whole buffer with a mask (entries past the length, and block entries
+the block mask forbids, are masked), and takes the layer's weights as arguments, so one compiled
+graph serves every layer of the model and every context length. Projections are fused — Q, K and
+V into one matrix, gate and up into one — by re-pointing the HF modules' weights at views of the
+fused storage, so the eager modules (prefill, the KV policies) keep working on the same memory.
+
+One token (autoregressive decoding) and masked blocks of up to ``max_block`` tokens (the tree's
+nodes in tree verification) take the compiled step; a prompt takes the model's own layers (its
+length varies from request to request). Each distinct block length compiles once; the counters say how
+often compilation happened, so a benchmark can show none after warm-up.
+
+Supported: Llama-style layers (RMSNorm, fused-able q/k/v/o and gate/up/down projections, SiLU,
+RoPE from the model's own rotary module; attention biases allowed). Other layers raise a clear
+error naming ``runtime=eager``.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specee.errors import SpeceeError
+from specee.runtime import LayerKVCache, LayerwiseLM
+
+_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
+
+
+class StaticKVCache(LayerKVCache):
+    """A :class:`LayerKVCache` that never reallocates (its buffers are the compiled step's
+    inputs) and mirrors each layer's length in a device tensor, so the compiled step reads and
+    advances it without a host round trip."""
+
+    def __init__(self, num_layers, kv_heads, head_dim, dtype, device, capacity):
+        super().__init__(num_layers, kv_heads, head_dim, dtype, device, capacity)
+        # Zeroed, not empty: attention reads the whole buffer, and a masked entry still multiplies
+        # its value by 0 -- uninitialised memory holding a NaN would poison the output.
+        for buf in self.keys + self.values:
+            buf.zero_()
+        self.lengths_t = torch.zeros(num_layers, dtype=torch.long, device=device)
+
+    def _ensure(self, layer: int, need: int) -> None:
+        if need > self.keys[layer].shape[2]:
+            raise SpeceeError(f"static KV cache full ({self.keys[layer].shape[2]} entries, {need} needed); "
+                              "the request outgrew the capacity it was allocated with")
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        self.lengths_t[layer_idx] = self.lengths[layer_idx]
+        return out
+
+    def crop(self, length: int) -> None:
+        super().crop(length)
+        self.lengths_t.clamp_(max=length)
+
+    def keep(self, layer: int, start: int, index: torch.Tensor) -> None:
+        super().keep(layer, start, index)
+        self.lengths_t[layer] = self.lengths[layer]
+
+    def advanced(self, layer: int, t: int) -> None:
+        """The compiled step appended ``t`` entries to ``layer`` (and advanced lengths_t itself)."""
+        self.lengths[layer] += t
+
+
+@dataclass
+class FusedLayer:
+    """One decoder layer's weights in the compiled step's layout (views of the HF modules' own)."""
+    ln1: torch.Tensor | None  # None: no input norm (the EAGLE draft layer)
+    w_qkv: torch.Tensor
+    b_qkv: torch.Tensor | None
+    w_o: torch.Tensor
+    b_o: torch.Tensor | None
+    ln2: torch.Tensor
+    w_gate_up: torch.Tensor
+    w_down: torch.Tensor
+    eps: float
+
+
+def _fuse(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate Linear weights (and biases) along the output and re-point each module at its
+    slice of the fused tensor: no second copy of the weights."""
+    w = torch.cat([m.weight.detach() for m in modules], 0)
+    has_bias = [m.bias is not None for m in modules]
+    b = torch.cat([m.bias.detach() for m in modules], 0) if all(has_bias) else None
+    if any(has_bias) and b is None:
+        raise SpeceeError("runtime=compiled cannot fuse projections where only some have a bias; use runtime=eager")
+    at = 0
+    for m in modules:
+        n = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(w[at:at + n], requires_grad=False)
+        if b is not None:
+            m.bias = torch.nn.Parameter(b[at:at + n], requires_grad=False)
+        at += n
+    return w, b
+
+
+def fuse_layer(layer) -> FusedLayer:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    ok = (attn is not None and mlp is not None
+          and all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+          and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))
+          and not hasattr(attn, "q_norm") and getattr(mlp, "act_fn", None).__class__.__name__ in ("SiLU", "SiLUActivation")
+          and type(layer.post_attention_layernorm).__name__ in _RMS_NORMS
+          and (isinstance(layer.input_layernorm, torch.nn.Identity)
+               or type(layer.input_layernorm).__name__ in _RMS_NORMS)
+          and mlp.down_proj.bias is None and mlp.gate_proj.bias is None)
+    if not ok:
+        raise SpeceeError(f"runtime=compiled supports Llama-style decoder layers (RMSNorm, q/k/v/o and "
+                          f"gate/up/down projections, SiLU); {type(layer).__name__} is not one: use runtime=eager")
+    w_qkv, b_qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+    w_gu, _ = _fuse([mlp.gate_proj, mlp.up_proj])
+    ln1 = None if isinstance(layer.input_layernorm, torch.nn.Identity) else layer.input_layernorm.weight.detach()
+    return FusedLayer(ln1, w_qkv, b_qkv, attn.o_proj.weight.detach(),
+                      None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
+                      layer.post_attention_layernorm.weight.detach(), w_gu, mlp.down_proj.weight.detach(),
+                      float(layer.post_attention_layernorm.variance_epsilon))
+
+
+def _rms(h, w, eps: float):
+    x = h.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x.to(h.dtype)
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((-x2, x1), -1)
+
+
+def layer_step(h, cos, sin, k_buf, v_buf, length, block, ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, w_down,
+               eps: float, n_q: int, n_kv: int, head_dim: int):
+    """One Llama decoder layer over T new tokens (h: 1 x T x d) at cache length ``length`` (a
+    0-d device tensor, advanced by T here). ``block`` (T x T bool) says which new tokens see each
+    other; every earlier entry is visible. Writes the tokens' K/V into the static buffers."""
+    t = h.shape[1]
+    x = h if ln1 is None else _rms(h, ln1, eps)
+    q, k, v = F.linear(x, w_qkv, b_qkv).split([n_q * head_dim, n_kv * head_dim, n_kv * head_dim], -1)
+    q = q.view(1, t, n_q, head_dim).transpose(1, 2)
+    k = k.view(1, t, n_kv, head_dim).transpose(1, 2)
+    v = v.view(1, t, n_kv, head_dim).transpose(1, 2)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = q * c + _rotate_half(q) * s
+    k = k * c + _rotate_half(k) * s
+    slots = length + torch.arange(t, device=h.device)
+    k_buf.index_copy_(2, slots, k)
+    v_buf.index_copy_(2, slots, v)
+    rel = torch.arange(k_buf.shape[2], device=h.device) - length  # entry index relative to the block
+    in_block = (rel >= 0) & (rel < t)
+    allowed = (rel < 0)[None, :] | (in_block[None, :] & block[:, rel.clamp(0, t - 1)])
+    keys, values = k_buf, v_buf
+    if n_q != n_kv:
+        keys = keys.repeat_interleave(n_q // n_kv, 1)
+        values = values.repeat_interleave(n_q // n_kv, 1)
+    a = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[None, None], scale=head_dim ** -0.5)
+    h = h + F.linear(a.transpose(1, 2).reshape(1, t, n_q * head_dim), w_o, b_o)
+    g, u = F.linear(_rms(h, ln2, eps), w_gu).chunk(2, -1)
+    length.add_(t)
+    return h + F.linear(F.silu(g) * u, w_down)
+
+
+def compiler_problem(device: torch.device) -> str | None:
+    """Why torch.compile cannot run here, or None. Inductor's CPU backend needs a C++ compiler."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return "no C++ compiler (g++/c++/clang++) on PATH, which inductor needs on a CPU"
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "triton is not installed, which inductor needs on CUDA"
+    return None
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (compiles and recompiles)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompiledLM(LayerwiseLM):
+    """:class:`LayerwiseLM` whose layer steps (blocks of at most ``max_block`` tokens) run one
+    compiled function; ``fallback`` (a reason) when compilation is unavailable: eager, said so."""
+
+    kind = "compiled"
+
+    def __init__(self, model, mode: str = "default", max_block: int = 64, cache_bucket: int = 256):
+        super().__init__(model)
+        self.max_block, self.cache_bucket, self.mode = max_block, cache_bucket, mode
+        self.fallback = compiler_problem(self.device)
+        if self.fallback:
+            warnings.warn(f"runtime=compiled falls back to eager: {self.fallback}")
+        self._fused: dict[int, FusedLayer] = {}
+        for layer in self.layers:
+            self.fused(layer)
+        self.n_q = self.config.num_attention_heads
+        import torch._dynamo
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
+        self._step = layer_step if self.fallback else torch.compile(layer_step, mode=None if mode == "default" else mode,
+                                                                    fullgraph=True, dynamic=False)
+        self._one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        self.compile_seconds = 0.0  # wall time of calls that compiled a graph
+
+    def fused(self, layer) -> FusedLayer:
+        key = id(layer)
+        if key not in self._fused:
+            self._fused[key] = fuse_layer(layer)
+        return self._fused[key]
+
+    def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> StaticKVCache:
+        # Bucketed capacity: the buffer length is part of the compiled graph's shape.
+        b = self.cache_bucket
+        return StaticKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device,
+                             -(-capacity // b) * b)
+
+    def step_layer(self, layer, i: int, h, rope, cache, block_mask=None, position_ids=None):
+        t = h.shape[1]
+        # A prompt (several tokens, causal) varies in length per request: the model's own layers.
+        if t > self.max_block or (t > 1 and block_mask is None) or not isinstance(cache, StaticKVCache):
+            return super().step_layer(layer, i, h, rope, cache, block_mask, position_ids)
+        if block_mask is None:
+            block_mask = self._one
+        w = self.fused(layer)
+        before = compiled_graphs()
+        t0 = time.perf_counter()
+        cache._ensure(i, cache.lengths[i] + t)
+        out = self._step(h, rope[0], rope[1], cache.keys[i], cache.values[i], cache.lengths_t[i], block_mask,
+                         w.ln1, w.w_qkv, w.b_qkv, w.w_o, w.b_o, w.ln2, w.w_gate_up, w.w_down,
+                         w.eps, self.n_q, self.kv_heads, self.head_dim)
+        if compiled_graphs() != before:
+            self.compile_seconds += time.perf_counter() - t0
+        cache.advanced(i, t)
+        return out
+
+
+def build_runtime(runtime_cfg, model) -> LayerwiseLM:
+    """The configured runtime over a loaded model: ``eager`` (the reference) or ``compiled``."""
+    kind = runtime_cfg.kind
+    if kind == "eager":
+        return LayerwiseLM(model)
+    if kind == "compiled":
+        return CompiledLM(model, runtime_cfg.compile_mode, runtime_cfg.max_block, runtime_cfg.cache_bucket)
+    raise SpeceeError(f"runtime.kind={kind!r} is unknown; valid: eager, compiled")
