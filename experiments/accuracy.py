@@ -24,7 +24,7 @@ from specee.errors import SpeceeError
 from specee.evaluation import drift, registry
 from specee.io import project_path
 from specee.models.loader import load_model
-from specee.runtime import LayerwiseLM
+from specee.compiled import build_runtime
 
 
 def _key(metric: str, filt: str) -> str:
@@ -123,7 +123,7 @@ def run(cfg) -> dict:
                                include, e.task_source)
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model(cfg.model)
-    rt = LayerwiseLM(model)
+    rt = build_runtime(cfg.runtime, model)
     lm = SpeceeLM(build_decoder(cfg, rt), tokenizer, e.max_gen_tokens, e.max_length, e.on_overflow)
     metrics, samples, seconds = evaluate(cfg, lm, names, tm)
     seconds = [seconds]

@@ -31,6 +31,8 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
              for a in e.kv_policy_variants for kv in ("propagate",)]
     jobs += [(f"speed_{a}_independent", ["experiment=speed", f"ablation={a}", "ablation.mapping=independent", *data])
              for a in e.mapping_variants]
+    jobs += [(f"speed_{a}_compiled", ["experiment=speed", f"ablation={a}", "runtime=compiled", *data])
+             for a in e.runtime_variants]
     if e.stats:
         jobs.append(("stats", ["experiment=stats", *data]))
     for a in e.accuracy_ablations:

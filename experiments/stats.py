@@ -27,7 +27,7 @@ from specee.early_exit.schedule import default_window
 from specee.errors import SpeceeError
 from specee.io import PROJECT_ROOT
 from specee.models.loader import load_model
-from specee.runtime import LayerwiseLM
+from specee.compiled import build_runtime
 
 
 def placement_node(cfg, name: str):
@@ -48,7 +48,7 @@ def run(cfg) -> dict:
     e = cfg.experiment
     prompts = load_prompts(cfg)
     model, tokenizer = load_model(cfg.model)
-    rt = LayerwiseLM(model)
+    rt = build_runtime(cfg.runtime, model)
     L, eos, n_new = rt.num_layers, generation_eos(cfg, tokenizer), cfg.dataset.max_new_tokens
     # The statistics are about per-token exit layers under each placement: they always run the
     # autoregressive SpecEE decoder, whatever the ablation (tree ablations included), and say so.

@@ -32,14 +32,20 @@ def big(name: str) -> list[str]:
 STEPS = [  # (name, overrides, timeout s): most important first
     *[(f"tiny_{ab}_{dt}", ["experiment=speed", *TINY, f"model.dtype={dt}", f"ablation={ab}"], 90)
       for dt in ("float32", "bfloat16") for ab in ("dense", "specee_t1_t2", "eagle", "specee_full")],
+    *[(f"tiny_{ab}_float32_compiled", ["experiment=speed", *TINY, "model.dtype=float32", f"ablation={ab}",
+                                        "runtime=compiled"], 150) for ab in ("dense", "specee_t1_t2")],
     ("llama2_7b_random_dense", ["experiment=speed", *big("llama2_7b"), "ablation=dense"], 120),
+    # static KV shapes (a bucket) so CUDA graphs can capture the layer step
+    ("llama2_7b_random_dense_compiled", ["experiment=speed", *big("llama2_7b"), "ablation=dense", "runtime=compiled",
+                                         "runtime.compile_mode=reduce-overhead", "runtime.cache_bucket=256"], 180),
     ("llama2_7b_random_specee_t1_t2_replay", ["experiment=speed", *big("llama2_7b"), "ablation=specee_t1_t2",
                                              REPLAY, PAPER_PLACEMENT], 150),
     ("llama2_13b_random_dense", ["experiment=speed", *big("llama2_13b"), "ablation=dense"], 150),
 ]
 KEYS = ["decode_tokens_per_s", "latency_ms_per_token", "avg_layers", "replay_target_avg_layers", "speedup_vs_dense",
         "match_rate_vs_dense", "hf_generate_ratio", "efficiency", "overhead_share", "draft_share",
-        "syncs_per_token", "time_split_method", "time_split_coverage", "energy"]
+        "syncs_per_token", "time_split_method", "time_split_coverage", "energy", "speedup_vs_eager_dense",
+        "ms_per_token_over_limit", "bandwidth_bound", "runtime"]
 
 
 def device_info() -> dict:
@@ -90,7 +96,8 @@ def markdown(info: dict, rows: list[dict]) -> str:
              "`run.py experiment=speed` job (its results.json beside this file). Rows on `model.init=random` "
              "shapes use random weights and, where stated, replayed exits: they measure cost, not quality.", "",
              "| step | rc | s | tok/s | ms/token p50 | avg layers (target) | speedup vs dense | hf_generate_ratio | "
-             "efficiency | overhead | draft | syncs/token | J/token (dense) |", "|---" * 13 + "|"]
+             "efficiency | overhead | draft | syncs/token | J/token (dense) | × bandwidth floor | vs eager dense |",
+             "|---" * 15 + "|"]
     for r in rows:
         m = r.get("metrics", {})
         e, de = m.get("energy") or {}, r.get("dense_energy") or {}
@@ -102,7 +109,8 @@ def markdown(info: dict, rows: list[dict]) -> str:
         lines.append(f"| {r['step']} | {r['rc']} | {r['seconds']} | {fmt(m.get('decode_tokens_per_s'), 1)} | "
                      f"{fmt(lat, 2)} | {layers} | {fmt(m.get('speedup_vs_dense'))} | {fmt(m.get('hf_generate_ratio'))} | "
                      f"{fmt(m.get('efficiency'))} | {fmt(m.get('overhead_share'))} | {fmt(m.get('draft_share'))} | "
-                     f"{fmt(m.get('syncs_per_token'), 1)} | {joules} |")
+                     f"{fmt(m.get('syncs_per_token'), 1)} | {joules} | {fmt(m.get('ms_per_token_over_limit'), 2)} | "
+                     f"{fmt(m.get('speedup_vs_eager_dense'))} |")
     errors = [r for r in rows if "error" in r]
     if errors:
         lines += ["", "## Failed or skipped steps", ""]

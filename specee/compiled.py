@@ -6,7 +6,8 @@ cache through Python (``cache.update``, slicing to the current length), so every
 new shape. Here a layer step reads and writes a preallocated per-layer K/V buffer at a device-side
 length, attends over the whole buffer with a mask (entries past the length, and block entries
 the block mask forbids, are masked), and takes the layer's weights as arguments, so one compiled
-graph serves every layer of the model and every context length. Projections are fused — Q, K and
+graph serves every layer of the model and every context length (the buffer's length is a symbolic
+size; ``cache_bucket=N`` makes it static, rounded up to a multiple of N, one graph per bucket). Projections are fused — Q, K and
 V into one matrix, gate and up into one — by re-pointing the HF modules' weights at views of the
 fused storage, so the eager modules (prefill, the KV policies) keep working on the same memory.
 
@@ -15,18 +16,24 @@ nodes in tree verification) take the compiled step; a prompt takes the model's o
 length varies from request to request). Each distinct block length compiles once; the counters say how
 often compilation happened, so a benchmark can show none after warm-up.
 
+SpecEE's predictor (the speculative-token probe, its features and the MLP decision) is a second
+compiled function, one graph for every layer (the layer's MLP weights are arguments); the exit
+decision stays a device tensor until the decoder reads it (the one host sync per predictor).
+
 Supported: Llama-style layers (RMSNorm, fused-able q/k/v/o and gate/up/down projections, SiLU,
 RoPE from the model's own rotary module; attention biases allowed). Other layers raise a clear
 error naming ``runtime=eager``.
 """
 from __future__ import annotations
 
+import math
 import shutil
 import time
 import warnings
 from dataclasses import dataclass
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 from specee.errors import SpeceeError
@@ -167,14 +174,24 @@ def layer_step(h, cos, sin, k_buf, v_buf, length, block, ln1, w_qkv, b_qkv, w_o,
     return h + F.linear(F.silu(g) * u, w_down)
 
 
+def predictor_step(h, rows, eps: float, inv_d: float, p_prev, b1, w1t, w2, b2, logit_t: float):
+    """SpecEE's probe + predictor MLP in one call (features.py's definition, the folded-norm
+    probe): z = rows @ h / rms(h); feats = [z, softmax z, softmax z - p_prev]; fire = logit > t."""
+    v = h.reshape(-1).float()
+    z = (rows @ v) * torch.rsqrt(v.dot(v) * inv_d + eps)
+    p = torch.softmax(z, -1)
+    feats = torch.cat([z, p, p - p_prev])
+    logit = torch.addmv(b1, w1t, feats).relu().dot(w2) + b2
+    return logit > logit_t, p
+
+
 def compiler_problem(device: torch.device) -> str | None:
     """Why torch.compile cannot run here, or None. Inductor's CPU backend needs a C++ compiler."""
     if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         return "no C++ compiler (g++/c++/clang++) on PATH, which inductor needs on a CPU"
     if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
+        import importlib.util
+        if importlib.util.find_spec("triton") is None:
             return "triton is not installed, which inductor needs on CUDA"
     return None
 
@@ -191,7 +208,7 @@ class CompiledLM(LayerwiseLM):
 
     kind = "compiled"
 
-    def __init__(self, model, mode: str = "default", max_block: int = 64, cache_bucket: int = 256):
+    def __init__(self, model, mode: str = "default", max_block: int = 64, cache_bucket: int = 0):
         super().__init__(model)
         self.max_block, self.cache_bucket, self.mode = max_block, cache_bucket, mode
         self.fallback = compiler_problem(self.device)
@@ -201,12 +218,13 @@ class CompiledLM(LayerwiseLM):
         for layer in self.layers:
             self.fused(layer)
         self.n_q = self.config.num_attention_heads
-        import torch._dynamo
         limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
         setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
         self._step = layer_step if self.fallback else torch.compile(layer_step, mode=None if mode == "default" else mode,
                                                                     fullgraph=True, dynamic=False)
         self._one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        self._predict = predictor_step if self.fallback else torch.compile(
+            predictor_step, mode=None if mode == "default" else mode, fullgraph=True, dynamic=False)
         self.compile_seconds = 0.0  # wall time of calls that compiled a graph
 
     def fused(self, layer) -> FusedLayer:
@@ -216,10 +234,14 @@ class CompiledLM(LayerwiseLM):
         return self._fused[key]
 
     def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> StaticKVCache:
-        # Bucketed capacity: the buffer length is part of the compiled graph's shape.
+        # The buffer length is a symbolic size of the graph (bucket 0) or rounded up to a bucket.
         b = self.cache_bucket
-        return StaticKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device,
-                             -(-capacity // b) * b)
+        cache = StaticKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device,
+                              -(-capacity // b) * b if b else max(capacity, 2))
+        if not b:  # one graph for every capacity: the buffer length is a symbolic size
+            for buf in cache.keys + cache.values:
+                torch._dynamo.mark_dynamic(buf, 2)
+        return cache
 
     def step_layer(self, layer, i: int, h, rope, cache, block_mask=None, position_ids=None):
         t = h.shape[1]
@@ -239,6 +261,13 @@ class CompiledLM(LayerwiseLM):
             self.compile_seconds += time.perf_counter() - t0
         cache.advanced(i, t)
         return out
+
+
+    def predict(self, probe, predictors, i: int, h, p_prev):
+        if not probe.fast or not math.isfinite(predictors._logit_t):  # unfolded norm / threshold 0 or 1
+            return super().predict(probe, predictors, i, h, p_prev)
+        return self._predict(h, probe.rows, probe.eps, probe.inv_d, p_prev, predictors.b1[i], predictors._w1t[i],
+                             predictors.w2[i], predictors.b2[i], predictors._logit_t)
 
 
 def build_runtime(runtime_cfg, model) -> LayerwiseLM:

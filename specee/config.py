@@ -87,7 +87,7 @@ class RuntimeConfig:
     kind: str = "eager"  # eager | compiled
     compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
     max_block: int = 64  # compiled: largest masked block (tree nodes) run by the compiled step
-    cache_bucket: int = 256  # compiled: KV capacity rounded up to a multiple (one graph per bucket)
+    cache_bucket: int = 0  # compiled: 0 = symbolic KV length (one graph); N = capacity rounded up to N's multiple
 
 
 @dataclass
@@ -230,6 +230,8 @@ class ReproduceExperiment:
                                                           "eagle", "specee_full"])
     kv_policy_variants: list[str] = field(default_factory=lambda: ["specee_t1"])  # also run with propagate
     mapping_variants: list[str] = field(default_factory=lambda: ["specee_full"])  # also run independent
+    # also run on runtime=compiled (beside eager dense, in the same job)
+    runtime_variants: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2", "eagle", "specee_full"])
     dataset: str = "spec_bench"
     count: int = 1  # prompts per Spec-Bench category
     max_new_tokens: int = 48
@@ -408,8 +410,13 @@ def _validate_ranges(cfg) -> None:
     if r.compile_mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         raise SpeceeError(f"runtime.compile_mode={r.compile_mode!r} is unknown; valid: default, reduce-overhead, "
                           "max-autotune, max-autotune-no-cudagraphs")
+    if r.kind != "eager" and cfg.experiment._target_ not in (
+            "experiments.speed.run", "experiments.accuracy.run", "experiments.stats.run"):
+        raise SpeceeError(f"runtime={r.name} applies to experiment=speed, accuracy and stats; training, "
+                          "profiling and collection run on the eager reference (the main job runs its "
+                          "compiled variants from experiment.runtime_variants)")
     _at_least(r.max_block, 1, "runtime.max_block")
-    _at_least(r.cache_bucket, 1, "runtime.cache_bucket")
+    _at_least(r.cache_bucket, 0, "runtime.cache_bucket")
     _at_least(cfg.model.num_layers, 1, "model.num_layers")
     for key in ("repeats",):
         if key in e:

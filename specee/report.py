@@ -57,7 +57,13 @@ def _name(doc) -> str:
     a = doc["config"]["ablation"]
     if a.get("decoding") == "tree" and a["mode"] == "specee" and a.get("mapping") != "merged":
         name += f" ({a['mapping']})"
+    if _runtime(doc) != "eager":
+        name += f" ({_runtime(doc)})"
     return name
+
+
+def _runtime(doc) -> str:
+    return (doc["config"].get("runtime") or {}).get("kind", "eager")
 
 
 def _order(names):
@@ -309,6 +315,47 @@ def fig_accuracy(docs):
     return fig, md
 
 
+def fig_runtime(docs):
+    """Eager vs compiled runtime per mode: ms/token against the bandwidth floor, and what the
+    early-exit modes keep of their speedup on the faster runtime."""
+    speed = _by_kind(docs, "speed")
+    comp = [d for d in speed if _runtime(d) == "compiled"]
+    if not comp:
+        raise Skip("no speed results on runtime=compiled")
+    rows = []
+    for d in sorted(comp, key=lambda d: ABLATION_ORDER.index(d["config"]["ablation"]["name"])
+                    if d["config"]["ablation"]["name"] in ABLATION_ORDER else 99):
+        base = _name(d).replace(" (compiled)", "")
+        eager = [e["metrics"] for e in speed if _runtime(e) == "eager" and _name(e) == base]
+        rows.append((base, eager[0] if eager else None, d["metrics"]))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [e["ms_per_token"] if e else np.nan for _, e, _ in rows], 0.4, label="eager runtime")
+    ax.bar(x + 0.2, [c["ms_per_token"] for _, _, c in rows], 0.4, label="compiled runtime")
+    floor = np.mean([c["bandwidth_bound"]["limit_ms_per_token"] for _, _, c in rows])
+    ax.axhline(floor, color="k", ls="--", lw=0.8, label=f"bandwidth floor ({floor:.2f} ms/token)")
+    ax.set_xticks(x, [n for n, _, _ in rows], rotation=15)
+    ax.set_ylabel("decode time per token (ms)")
+    ax.set_xlabel("mode (each runtime's mode run with its own dense beside it)")
+    ax.set_title(f"Eager vs compiled runtime\n{_stamp(comp)}", fontsize=10)
+    ax.legend(fontsize=8)
+    f3 = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
+    md = ("| mode | ms/token eager (× floor) | ms/token compiled (× floor) | compiled vs eager dense, same run | "
+          "dense vs HF generate time, eager / compiled | speedup vs dense eager / compiled | efficiency eager / compiled | "
+          "overhead share eager / compiled | syncs/token | compile s | graphs compiled while timed |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    for n, e, c in rows:
+        def g(k, m=e):
+            return None if m is None else m.get(k)
+        eager_ms = f"{e['ms_per_token']:.1f} ({e['ms_per_token_over_limit']:.1f}×)" if e else "–"
+        md += (f"| {n} | {eager_ms} | {c['ms_per_token']:.1f} ({c['ms_per_token_over_limit']:.1f}×) | "
+               f"{f3(c.get('speedup_vs_eager_dense'))} | {f3(g('hf_generate_ratio'))} / {f3(c.get('hf_generate_ratio'))} | "
+               f"{f3(g('speedup_vs_dense'))} / {f3(c['speedup_vs_dense'])} | {f3(g('efficiency'))} / {f3(c.get('efficiency'))} | "
+               f"{f3(g('overhead_share'))} / {f3(c.get('overhead_share'))} | {f3(c.get('syncs_per_token'))} | "
+               f"{c['runtime']['compile_s']:.1f} | {c['runtime']['graphs_compiled_in_timed_runs']} |\n")
+    return fig, md
+
+
 FIGURES = [
     ("Speedup per dataset and method", fig_speedup_per_category),
     ("Ablation staircase", fig_staircase),
@@ -316,6 +363,7 @@ FIGURES = [
     ("Context similarity", fig_context_similarity),
     ("Predictor count and overhead", fig_overhead),
     ("Accuracy", fig_accuracy),
+    ("Eager vs compiled runtime", fig_runtime),
 ]
 
 

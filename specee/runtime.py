@@ -151,6 +151,13 @@ class LayerwiseLM:
         return layer(h, attention_mask=mask, position_embeddings=rope,
                      position_ids=position_ids, cache=cache, use_cache=True)
 
+    def predict(self, probe, predictors, i: int, h, p_prev):
+        """SpecEE's predictor at layer i on h: (fire, a device bool; p, the next p_prev). The
+        features are :mod:`specee.early_exit.features`'; the compiled runtime fuses this verb."""
+        from specee.early_exit.features import features_from_logits
+        feats, p = features_from_logits(probe.logits(h), p_prev)
+        return predictors.decide(i, feats), p
+
     def mask_for(self, past: int, t: int, block_mask: torch.Tensor | None):
         """Additive mask for T new tokens over ``past`` cached ones; None when SDPA's default fits."""
         if block_mask is None and (t == 1 or (past == 0 and self._sdpa)):

@@ -47,9 +47,10 @@ def test_static_cache_is_zeroed_fixed_and_says_when_full():
     never reallocate."""
     from specee.compiled import CompiledLM
     from specee.errors import SpeceeError
+    assert CompiledLM(random_lm("llama", layers=2), cache_bucket=64).new_cache(10).keys[0].shape[2] == 64
     rt = CompiledLM(random_lm("llama", layers=2))
-    cache = rt.new_cache(10)
-    assert cache.keys[0].shape[2] == rt.cache_bucket  # rounded up to the bucket
+    cache = rt.new_cache(40)
+    assert cache.keys[0].shape[2] == 40
     assert all(bool((b == 0).all()) for b in cache.keys + cache.values)
     ptr = cache.keys[1].data_ptr()
     rt.forward(torch.randint(0, 100, (1, 20)), cache)
@@ -57,7 +58,7 @@ def test_static_cache_is_zeroed_fixed_and_says_when_full():
     cache.crop(12)
     assert cache.lengths == [12, 12] and cache.lengths_t.tolist() == [12, 12]
     with pytest.raises(SpeceeError, match="static KV cache full"):
-        rt.forward(torch.randint(0, 100, (1, rt.cache_bucket)), cache)
+        rt.forward(torch.randint(0, 100, (1, 29)), cache)  # 12 + 29 > 40
 
 
 def test_without_a_compiler_it_runs_eagerly_and_says_why(monkeypatch):

@@ -10,7 +10,8 @@ model card.
 
 ``--profile`` instead breaks one decoder-layer step down by operator (torch.profiler, self time
 per step): how many ops a layer dispatches and what each costs — where the time goes when it is
-far above the bandwidth floor (:mod:`specee.bench.bandwidth`).
+far above the bandwidth floor (:mod:`specee.bench.bandwidth`). ``--runtime compiled`` measures
+the compiled layer step (:mod:`specee.compiled`) instead of the model's eager layers.
 """
 from __future__ import annotations
 
@@ -25,16 +26,17 @@ import torch
 from specee.io import project_path
 
 
-def _decode_step(model_path: str, context: int, dtype: str):
+def _decode_step(model_path: str, context: int, dtype: str, runtime: str = "eager"):
     """A runtime with ``context`` tokens cached and a token about to be decoded, and ``layer()``:
     one decode step of the next layer each call (as decoding does: a model larger than the CPU's
     caches streams its weights from memory; the same layer over and over stays cached and reads
     ~2.5x faster on tiny), its K/V append undone so every call sees the same context."""
     from transformers import AutoModelForCausalLM
 
+    from specee.compiled import CompiledLM
     from specee.runtime import LayerwiseLM
     model = AutoModelForCausalLM.from_pretrained(project_path(model_path), dtype=getattr(torch, dtype)).eval()
-    rt = LayerwiseLM(model)
+    rt = CompiledLM(model) if runtime == "compiled" else LayerwiseLM(model)
     ids = torch.randint(1, rt.config.vocab_size, (1, context), device=rt.device)
     cache = rt.new_cache(context + 4)
     rt.forward(ids, cache)
@@ -47,14 +49,16 @@ def _decode_step(model_path: str, context: int, dtype: str):
         i = next(order)
         rt.run_layer(i, h, rope, cache, None, pos)
         cache.lengths[i] -= 1
+        if runtime == "compiled":
+            cache.lengths_t[i] -= 1  # a device op, inside the timing (about a microsecond on a CPU)
     return rt, ids, h, layer
 
 
 @torch.inference_mode()
 def measure(model_path: str, draft_path: str | None, context: int = 256, repeats: int = 400,
-            dtype: str = "float32") -> dict:
+            dtype: str = "float32", runtime: str = "eager") -> dict:
     from specee.models.draft import load_draft
-    rt, ids, h, layer = _decode_step(model_path, context, dtype)
+    rt, ids, h, layer = _decode_step(model_path, context, dtype, runtime)
     draft = load_draft(project_path(draft_path), rt)[0] if draft_path else None
     dcache = draft.new_cache(context + 4) if draft else None
     if draft:
@@ -80,7 +84,7 @@ def measure(model_path: str, draft_path: str | None, context: int = 256, repeats
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     q = {k: statistics.quantiles(v, n=4) for k, v in times.items()}
-    out = {"model": str(model_path), "num_layers": rt.num_layers, "context": context, "repeats": repeats,
+    out = {"model": str(model_path), "runtime": runtime, "num_layers": rt.num_layers, "context": context, "repeats": repeats,
            "threads": torch.get_num_threads(), "dtype": dtype,
            "median_us": {k: round(v * 1e6, 1) for k, v in med.items()},
            "iqr_us": {k: [round(a * 1e6, 1), round(c * 1e6, 1)] for k, (a, _, c) in q.items()},
@@ -93,12 +97,13 @@ def measure(model_path: str, draft_path: str | None, context: int = 256, repeats
 
 
 @torch.inference_mode()
-def op_profile(model_path: str, context: int = 256, steps: int = 100, dtype: str = "float32", top: int = 15) -> dict:
+def op_profile(model_path: str, context: int = 256, steps: int = 100, dtype: str = "float32", top: int = 15,
+               runtime: str = "eager") -> dict:
     """Per-operator self time of one decoder-layer decode step, averaged over ``steps``."""
     from torch.profiler import ProfilerActivity, profile
 
     from specee.bench.bandwidth import bytes_per_token, copy_bandwidth
-    rt, _, _, layer = _decode_step(model_path, context, dtype)
+    rt, _, _, layer = _decode_step(model_path, context, dtype, runtime)
     for _ in range(20):
         layer()
     walls = []
@@ -118,7 +123,8 @@ def op_profile(model_path: str, context: int = 256, steps: int = 100, dtype: str
     layer_bytes = (bytes_per_token(rt, context)["total"] - rt.lm_head.weight.numel() * rt.lm_head.weight.element_size()) \
         / rt.num_layers
     bw = copy_bandwidth(rt.device)
-    return {"model": str(model_path), "context": context, "steps": steps, "threads": torch.get_num_threads(),
+    return {"model": str(model_path), "runtime": runtime, "context": context, "steps": steps,
+            "threads": torch.get_num_threads(),
             "wall_us_per_layer_step": 1e6 * statistics.median(walls),
             # wall minus the operators' self time: Python and module dispatch outside aten ops
             "outside_ops_us_per_layer_step": 1e6 * statistics.median(walls) - total,
@@ -136,13 +142,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=400)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--profile", action="store_true", help="per-operator breakdown of one layer step")
+    ap.add_argument("--runtime", choices=("eager", "compiled"), default="eager")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.profile:
-        print(json.dumps(op_profile(args.model, args.context), indent=1))
+        print(json.dumps(op_profile(args.model, args.context, runtime=args.runtime), indent=1))
         return
-    print(json.dumps(measure(args.model, args.draft, args.context, args.repeats), indent=1))
+    print(json.dumps(measure(args.model, args.draft, args.context, args.repeats, runtime=args.runtime), indent=1))
 
 
 if __name__ == "__main__":

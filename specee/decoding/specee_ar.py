@@ -112,9 +112,9 @@ class SpecEEDecoder(LoopDecoder):
                 counts["delta_probes"] += 1
                 timer.lap("predictors")
                 return None
-            feats, p_prev[0] = features_from_logits(probe.logits(h), p_prev[0])
+            decision, p_prev[0] = rt.predict(probe, pred, i, h, p_prev[0])
             counts["pred_calls"] += 1
-            fire = timer.host_bool(pred.decide(i, feats))
+            fire = timer.host_bool(decision)
             if target is not None:
                 fire = i >= target
             timer.lap("predictors")
