@@ -143,7 +143,7 @@ def _earlier_stages(init_dir, recipe: dict):
         raise SpeceeError(f"experiment.init_from={init_dir} is another architecture (checkpoint vs now: {diff}); "
                           "a later stage keeps the model's shape")
     seq, bs = state["recipe"]["seq_len"], state["recipe"]["batch_size"]
-    this = {"recipe": state["recipe"], "steps": state["step"], "tokens_seen": state["step"] * seq * bs,
+    this = {"recipe": state["recipe"], "command": state.get("command"), "steps": state["step"], "tokens_seen": state["step"] * seq * bs,
             "train_seconds": round(state["train_seconds"], 1), "skipped_nonfinite_steps": state["skipped"],
             "resumed_at_steps": state["resumed_at"], "val_curve": state["evals"]}
     return state.get("earlier_stages", []) + [this], blob, tokenizer
@@ -167,7 +167,7 @@ def run(cfg) -> dict:
         state, blob, tokenizer = resumed
     else:
         state = {"recipe": recipe, "step": 0, "train_seconds": 0.0, "curve": [], "evals": [],
-                 "skipped": [], "resumed_at": [], "earlier_stages": []}
+                 "skipped": [], "resumed_at": [], "earlier_stages": [], "command": results.command_line()}
         if e.init_from:
             state["earlier_stages"], blob, tokenizer = init = _earlier_stages(project_path(e.init_from), recipe)
         else:
@@ -370,8 +370,9 @@ def _card_markdown(card: dict) -> str:
         + (f" (resumed at steps {card['resumed_at_steps']})" if card.get("resumed_at_steps") else ""),
         *[f"- stage {i + 1} of {len(card.get('earlier_stages', [])) + 1} (the run this one started from, "
           f"`init_from`): {st['steps']} steps, {st['tokens_seen']:,} tokens, {st['train_seconds'] / 60:.1f} min, "
-          f"peak lr {st['recipe']['lr']}, {len(st['skipped_nonfinite_steps'])} skipped updates; recipe in "
-          "`model_card.json`" for i, st in enumerate(card.get("earlier_stages", []))],
+          f"peak lr {st['recipe']['lr']}, {len(st['skipped_nonfinite_steps'])} skipped updates"
+          + (f", command `{st['command']}`" if st.get("command") else "") + "; recipe in `model_card.json`"
+          for i, st in enumerate(card.get("earlier_stages", []))],
         f"- validation on the first {v['stories']} stories of `{v['file']}`: "
         + (f"**{v['val_bits_per_byte']} bits per byte** (tokenizer-independent), " if "val_bits_per_byte" in v else "")
         + f"token perplexity {v['val_ppl']} (depends on the vocabulary: compare bits per byte across models)",

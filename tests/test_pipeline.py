@@ -197,4 +197,8 @@ def test_reproduce_plan_covers_the_ablations():
     names = [n for n, _ in plan(cfg)]
     assert names == ["speed_dense", "speed_adainfer", "speed_specee_t1", "speed_specee_t1_t2", "speed_eagle",
                      "speed_specee_full", "speed_specee_t1_propagate", "speed_specee_full_independent",
-                     "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
+                     "speed_dense_compiled", "speed_specee_t1_t2_compiled", "speed_eagle_compiled",
+                     "speed_specee_full_compiled", "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
+    jobs = dict(plan(cfg))
+    assert "runtime=compiled" in jobs["speed_eagle_compiled"] and "ablation=eagle" in jobs["speed_eagle_compiled"]
+    assert not any(a.startswith("runtime=") for a in jobs["speed_eagle"])

@@ -30,3 +30,29 @@ def test_table_4_page_puts_dense_beside_each_mode_with_delta_n_interval_and_laye
     ppl = rows[("tinystories_ppl", "bits_per_byte (lower better)", "specee_t1_t2")]
     assert "| 1.400 | 1.450 | +0.050 | 20 | – | 24.00 / 32.00 |" in ppl
     assert not any(k[2] == "dense" for k in rows)  # dense is the reference column, not a row
+
+
+def speed_doc(name, mode, kind, ms, eager_ms=None):
+    m = {"ms_per_token": ms, "ms_per_token_over_limit": ms / 2.0, "speedup_vs_dense": 1.1, "efficiency": 0.9,
+         "overhead_share": 0.1, "hf_generate_ratio": 0.8, "bandwidth_bound": {"limit_ms_per_token": 2.0},
+         "avg_layers": 28.0, "match_rate_vs_dense": 1.0}
+    if kind == "compiled":
+        m |= {"speedup_vs_eager_dense": eager_ms / ms, "syncs_per_token": 9.0,
+              "runtime": {"kind": "compiled", "compile_s": 12.5, "graphs_compiled_in_timed_runs": 0}}
+    return {"config": {"model": {"name": "tiny"}, "ablation": {"name": name, "mode": mode}, "early_exit": {},
+                       "runtime": {"kind": kind}, "experiment": {"_target_": "experiments.speed.run"}},
+            "env": {"cpu": "cpu", "gpus": []}, "created": "2026-12-01", "metrics": m}
+
+
+def test_runtime_page_puts_each_mode_on_eager_beside_compiled():
+    from specee.report import _name, fig_runtime
+    docs = [speed_doc("dense", "dense", "eager", 20.0), speed_doc("dense", "dense", "compiled", 10.0, 20.0),
+            speed_doc("specee_t1_t2", "specee", "eager", 18.0),
+            speed_doc("specee_t1_t2", "specee", "compiled", 9.0, 20.0)]
+    assert [_name(d) for d in docs] == ["dense", "dense (compiled)", "specee_t1_t2", "specee_t1_t2 (compiled)"]
+    fig, md = fig_runtime(docs)
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines()[2:]}
+    assert set(rows) == {"dense", "specee_t1_t2"}
+    assert "| 20.0 (10.0×) | 10.0 (5.0×) | 2.000 |" in rows["dense"]
+    assert "| 18.0 (9.0×) | 9.0 (4.5×) | 2.222 |" in rows["specee_t1_t2"]
+    assert rows["dense"].rstrip().endswith("| 12.5 | 0 |")
