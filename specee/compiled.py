@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 import torch._dynamo
+from torch._dynamo.utils import counters as _DYNAMO_COUNTERS
 import torch.nn.functional as F
 
 from specee.errors import SpeceeError
@@ -198,8 +199,7 @@ def compiler_problem(device: torch.device) -> str | None:
 
 def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process so far (compiles and recompiles)."""
-    from torch._dynamo.utils import counters
-    return int(counters["stats"]["unique_graphs"])
+    return int(_DYNAMO_COUNTERS["stats"]["unique_graphs"])
 
 
 class CompiledLM(LayerwiseLM):
