@@ -214,10 +214,12 @@ class CompiledLM(LayerwiseLM):
         self.fallback = compiler_problem(self.device)
         if self.fallback:
             warnings.warn(f"runtime=compiled falls back to eager: {self.fallback}")
-        self._fused: dict[int, FusedLayer] = {}
+        self._fused: dict[int, tuple] = {}  # id(layer) -> (layer, its FusedLayer)
         for layer in self.layers:
             self.fused(layer)
         self.n_q = self.config.num_attention_heads
+        # One graph per block length, layer kind (with/without input norm) and runtime in a process:
+        # raise dynamo's per-function recompile cap so it never silently falls back to eager.
         limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
         setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
         self._step = layer_step if self.fallback else torch.compile(layer_step, mode=None if mode == "default" else mode,
@@ -228,10 +230,10 @@ class CompiledLM(LayerwiseLM):
         self.compile_seconds = 0.0  # wall time of calls that compiled a graph
 
     def fused(self, layer) -> FusedLayer:
-        key = id(layer)
-        if key not in self._fused:
-            self._fused[key] = fuse_layer(layer)
-        return self._fused[key]
+        hit = self._fused.get(id(layer))
+        if hit is None or hit[0] is not layer:  # an id reused by a new module (a new draft head)
+            hit = self._fused[id(layer)] = (layer, fuse_layer(layer))
+        return hit[1]
 
     def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> StaticKVCache:
         # The buffer length is a symbolic size of the graph (bucket 0) or rounded up to a bucket.
@@ -261,7 +263,6 @@ class CompiledLM(LayerwiseLM):
             self.compile_seconds += time.perf_counter() - t0
         cache.advanced(i, t)
         return out
-
 
     def predict(self, probe, predictors, i: int, h, p_prev):
         if not probe.fast or not math.isfinite(predictors._logit_t):  # unfolded norm / threshold 0 or 1
