@@ -156,11 +156,12 @@ class TrainBaseExperiment:
 class TrainDraftExperiment:
     _target_: str = "experiments.train_draft.run"
     out_dir: str = "${paths.artifacts}/${model.name}_draft"
-    max_tokens: int = 300_000  # base-model tokens to extract features for
+    max_tokens: int = 600_000  # base-model tokens to extract features for
     seq_len: int = 256
     extract_batch: int = 16
     eval_share: float = 0.05
-    steps: int = 1200
+    # On the current tiny, 1200 steps over 300 K tokens gave held-out top-1/top-4 0.526/0.762; 2400 over 600 K: 0.588/0.846
+    steps: int = 2400
     batch_size: int = 8
     lr: float = 1e-3
     warmup_steps: int = 50
