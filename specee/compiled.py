@@ -30,6 +30,7 @@ import math
 import shutil
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -214,7 +215,9 @@ class CompiledLM(LayerwiseLM):
         self.fallback = compiler_problem(self.device)
         if self.fallback:
             warnings.warn(f"runtime=compiled falls back to eager: {self.fallback}")
-        self._fused: dict[int, tuple] = {}  # id(layer) -> (layer, its FusedLayer)
+        # Keyed by the module itself, weakly: a new draft head never meets a dead one's fusion, and
+        # dropping a draft frees its entry.
+        self._fused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         for layer in self.layers:
             self.fused(layer)
         self.n_q = self.config.num_attention_heads
@@ -230,10 +233,10 @@ class CompiledLM(LayerwiseLM):
         self.compile_seconds = 0.0  # wall time of calls that compiled a graph
 
     def fused(self, layer) -> FusedLayer:
-        hit = self._fused.get(id(layer))
-        if hit is None or hit[0] is not layer:  # an id reused by a new module (a new draft head)
-            hit = self._fused[id(layer)] = (layer, fuse_layer(layer))
-        return hit[1]
+        fused = self._fused.get(layer)
+        if fused is None:
+            fused = self._fused[layer] = fuse_layer(layer)
+        return fused
 
     def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> StaticKVCache:
         # The buffer length is a symbolic size of the graph (bucket 0) or rounded up to a bucket.
