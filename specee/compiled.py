@@ -16,6 +16,14 @@ nodes in tree verification) take the compiled step; a prompt takes the model's o
 length varies from request to request). Each distinct block length compiles once; the counters say how
 often compilation happened, so a benchmark can show none after warm-up.
 
+CUDA graphs (``compile_mode=reduce-overhead``, with ``cache_bucket`` for static shapes): the step
+mutates its K/V buffers and length and reads every layer's weights, so all of these are marked
+static addresses (cudagraph trees skip a graph that mutates a non-static input, and would copy
+non-static weights per replay), each is its own aligned tensor, a new request reuses a finished
+one's buffers (same addresses: graphs replay), and a result records inductor's cudagraph skips
+and the graphs recorded. Grouped-query attention folds the query heads of a group into rows of
+one KV head instead of repeating the cache.
+
 SpecEE's predictor (the speculative-token probe, its features and the MLP decision) is a second
 compiled function, one graph for every layer (the layer's MLP weights are arguments); the exit
 decision stays a device tensor until the decoder reads it (the one host sync per predictor).
@@ -26,7 +34,9 @@ error naming ``runtime=eager``.
 """
 from __future__ import annotations
 
+import copy
 import math
+import os
 import shutil
 import time
 import warnings
@@ -44,6 +54,16 @@ from specee.runtime import LayerKVCache, LayerwiseLM
 _RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
 
 
+def static_input(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Mark ``t`` as living at a fixed address across compiled calls. CUDA-graph trees then
+    neither copy it into a graph-owned buffer per replay nor skip the graph because the step
+    mutates it (mutated non-static inputs make inductor skip cudagraphs). Unguarded: a new
+    address re-records a graph rather than recompiling."""
+    if t is not None:
+        torch._dynamo.mark_static_address(t, guard=False)
+    return t
+
+
 class StaticKVCache(LayerKVCache):
     """A :class:`LayerKVCache` that never reallocates (its buffers are the compiled step's
     inputs) and mirrors each layer's length in a device tensor, so the compiled step reads and
@@ -54,8 +74,28 @@ class StaticKVCache(LayerKVCache):
         # Zeroed, not empty: attention reads the whole buffer, and a masked entry still multiplies
         # its value by 0 -- uninitialised memory holding a NaN would poison the output.
         for buf in self.keys + self.values:
-            buf.zero_()
-        self.lengths_t = torch.zeros(num_layers, dtype=torch.long, device=device)
+            static_input(buf.zero_())
+        # One standalone tensor per layer, not views of one vector: a view at offset 8*i is not
+        # 16-byte aligned, so inductor would copy it (and copy the mutated length back) per call.
+        self.length_ts = [static_input(torch.zeros((), dtype=torch.long, device=d)) for d in self.devices]
+
+    @classmethod
+    def over(cls, keys: list, values: list, length_ts: list) -> "StaticKVCache":
+        """An empty cache over existing buffers (a finished request's), zeroed as a new one is."""
+        cache = cls.__new__(cls)
+        cache.num_layers, cache._shape = len(keys), tuple(keys[0].shape)
+        cache.devices = [k.device for k in keys]
+        cache.keys, cache.values, cache.length_ts = list(keys), list(values), list(length_ts)
+        cache.lengths, cache.seq_len = [0] * len(keys), 0
+        with torch.inference_mode():  # buffers made under inference mode (a decoder's prefill) stay writable
+            for t in cache.keys + cache.values + cache.length_ts:
+                t.zero_()
+        return cache
+
+    @property
+    def lengths_t(self) -> torch.Tensor:
+        """The device-side lengths as one vector (a copy, for inspection)."""
+        return torch.stack([t.to(self.length_ts[0].device) for t in self.length_ts])
 
     def _ensure(self, layer: int, need: int) -> None:
         if need > self.keys[layer].shape[2]:
@@ -64,19 +104,20 @@ class StaticKVCache(LayerKVCache):
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        self.lengths_t[layer_idx] = self.lengths[layer_idx]
+        self.length_ts[layer_idx].fill_(self.lengths[layer_idx])
         return out
 
     def crop(self, length: int) -> None:
         super().crop(length)
-        self.lengths_t.clamp_(max=length)
+        for t in self.length_ts:
+            t.clamp_(max=length)
 
     def keep(self, layer: int, start: int, index: torch.Tensor) -> None:
         super().keep(layer, start, index)
-        self.lengths_t[layer] = self.lengths[layer]
+        self.length_ts[layer].fill_(self.lengths[layer])
 
     def advanced(self, layer: int, t: int) -> None:
-        """The compiled step appended ``t`` entries to ``layer`` (and advanced lengths_t itself)."""
+        """The compiled step appended ``t`` entries to ``layer`` (and advanced its length tensor itself)."""
         self.lengths[layer] += t
 
 
@@ -97,9 +138,9 @@ class FusedLayer:
 def _fuse(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate Linear weights (and biases) along the output and re-point each module at its
     slice of the fused tensor: no second copy of the weights."""
-    w = torch.cat([m.weight.detach() for m in modules], 0)
+    w = static_input(torch.cat([m.weight.detach() for m in modules], 0))
     has_bias = [m.bias is not None for m in modules]
-    b = torch.cat([m.bias.detach() for m in modules], 0) if all(has_bias) else None
+    b = static_input(torch.cat([m.bias.detach() for m in modules], 0)) if all(has_bias) else None
     if any(has_bias) and b is None:
         raise SpeceeError("runtime=compiled cannot fuse projections where only some have a bias; use runtime=eager")
     at = 0
@@ -128,9 +169,12 @@ def fuse_layer(layer) -> FusedLayer:
     w_qkv, b_qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
     w_gu, _ = _fuse([mlp.gate_proj, mlp.up_proj])
     ln1 = None if isinstance(layer.input_layernorm, torch.nn.Identity) else layer.input_layernorm.weight.detach()
-    return FusedLayer(ln1, w_qkv, b_qkv, attn.o_proj.weight.detach(),
-                      None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
-                      layer.post_attention_layernorm.weight.detach(), w_gu, mlp.down_proj.weight.detach(),
+    # Weights are the step's inputs: static, so a CUDA graph reads them in place (one graph per
+    # layer on the tree's path) instead of copying every layer's weights into its own buffers.
+    return FusedLayer(static_input(ln1), w_qkv, b_qkv, static_input(attn.o_proj.weight.detach()),
+                      static_input(None if attn.o_proj.bias is None else attn.o_proj.bias.detach()),
+                      static_input(layer.post_attention_layernorm.weight.detach()), w_gu,
+                      static_input(mlp.down_proj.weight.detach()),
                       float(layer.post_attention_layernorm.variance_epsilon))
 
 
@@ -165,11 +209,14 @@ def layer_step(h, cos, sin, k_buf, v_buf, length, block, ln1, w_qkv, b_qkv, w_o,
     rel = torch.arange(k_buf.shape[2], device=h.device) - length  # entry index relative to the block
     in_block = (rel >= 0) & (rel < t)
     allowed = (rel < 0)[None, :] | (in_block[None, :] & block[:, rel.clamp(0, t - 1)])
-    keys, values = k_buf, v_buf
-    if n_q != n_kv:
-        keys = keys.repeat_interleave(n_q // n_kv, 1)
-        values = values.repeat_interleave(n_q // n_kv, 1)
-    a = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[None, None], scale=head_dim ** -0.5)
+    # Grouped-query attention without copying the cache: query head j*g+r reads KV head j, so the
+    # g query heads of a group become g*t query rows of one KV head (the mask repeats per row
+    # group). Every SDPA backend takes this; repeat_interleave would copy all K/V per layer per
+    # token, and SDPA's enable_gqa with an explicit mask falls back to a kernel that repeats too.
+    g = n_q // n_kv
+    a = F.scaled_dot_product_attention(q.reshape(1, n_kv, g * t, head_dim), k_buf, v_buf,
+                                       attn_mask=allowed.repeat(g, 1)[None, None], scale=head_dim ** -0.5)
+    a = a.reshape(1, n_q, t, head_dim)  # reshape: a backend may return a transposed layout
     h = h + F.linear(a.transpose(1, 2).reshape(1, t, n_q * head_dim), w_o, b_o)
     g, u = F.linear(_rms(h, ln2, eps), w_gu).chunk(2, -1)
     length.add_(t)
@@ -188,19 +235,57 @@ def predictor_step(h, rows, eps: float, inv_d: float, p_prev, b1, w1t, w2, b2, l
 
 
 def compiler_problem(device: torch.device) -> str | None:
-    """Why torch.compile cannot run here, or None. Inductor's CPU backend needs a C++ compiler."""
+    """Why torch.compile cannot run here, or None. Inductor's CPU backend needs a C++ compiler;
+    on CUDA triton needs a C compiler too (it builds a launcher at its first kernel), so without
+    one the run would crash mid-decoding instead of falling back."""
     if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         return "no C++ compiler (g++/c++/clang++) on PATH, which inductor needs on a CPU"
     if device.type == "cuda":
         import importlib.util
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed, which inductor needs on CUDA"
+        cc = os.environ.get("CC")
+        if not (cc and shutil.which(cc)) and not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+            return "no C compiler (cc/gcc/clang or $CC) on PATH, which triton needs to build its kernel launcher"
     return None
 
 
 def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process so far (compiles and recompiles)."""
     return int(_DYNAMO_COUNTERS["stats"]["unique_graphs"])
+
+
+def cudagraph_skips() -> int:
+    """Times inductor declined to CUDA-graph a compiled graph in this process (any reason)."""
+    return int(_DYNAMO_COUNTERS["inductor"]["cudagraph_skips"])
+
+
+def cudagraph_captures(device) -> int | None:
+    """CUDA graphs recorded by inductor's cudagraph trees on ``device`` so far; None off CUDA
+    or where this torch does not expose the count."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    try:
+        from torch._inductor import cudagraph_trees
+        manager = cudagraph_trees.get_container(dev.index if dev.index is not None else
+                                                torch.cuda.current_device()).tree_manager
+        if manager is None:
+            return 0
+        return next(copy.copy(manager.graph_counter))  # the next graph id = graphs recorded
+    except Exception:  # noqa: BLE001 - a private API: report unknown rather than fail a run
+        return None
+
+
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def graph_stats(rt) -> dict:
+    """Counters a compiled result records: graphs compiled, CUDA-graph skips and captures, and
+    the compiled runtime's own step calls (replays ~ calls - captures - warm-up calls)."""
+    return {"graphs_compiled": compiled_graphs(), "cudagraph_skips": cudagraph_skips(),
+            "cudagraph_captures": cudagraph_captures(rt.device) if getattr(rt, "cudagraphs", False) else None,
+            "compiled_calls": getattr(rt, "calls", 0)}
 
 
 class CompiledLM(LayerwiseLM):
@@ -211,7 +296,13 @@ class CompiledLM(LayerwiseLM):
 
     def __init__(self, model, mode: str = "default", max_block: int = 64, cache_bucket: int = 0):
         super().__init__(model)
+        if len(set(self.layer_devices)) > 1:
+            raise SpeceeError("runtime=compiled needs the whole model on one device (its layer step takes every "
+                              "layer's weights and cache on one); a model sharded over devices "
+                              f"({sorted(set(map(str, self.layer_devices)))}) runs with runtime=eager")
         self.max_block, self.cache_bucket, self.mode = max_block, cache_bucket, mode
+        self.cudagraphs = self.device.type == "cuda" and mode in CUDAGRAPH_MODES
+        self.calls = 0  # compiled layer-step calls
         self.fallback = compiler_problem(self.device)
         if self.fallback:
             warnings.warn(f"runtime=compiled falls back to eager: {self.fallback}")
@@ -231,6 +322,10 @@ class CompiledLM(LayerwiseLM):
         self._predict = predictor_step if self.fallback else torch.compile(
             predictor_step, mode=None if mode == "default" else mode, fullgraph=True, dynamic=False)
         self.compile_seconds = 0.0  # wall time of calls that compiled a graph
+        # Per-layer predictor weights as standalone tensors (bank[i] are views at offsets that
+        # need not be 16-byte aligned, which inductor copies per call); keyed weakly by the bank.
+        self._pred_params: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._cache_pool: dict = {}  # (layers, capacity) -> [[weakref to the user, buffers], ...]
 
     def fused(self, layer) -> FusedLayer:
         fused = self._fused.get(layer)
@@ -241,11 +336,26 @@ class CompiledLM(LayerwiseLM):
     def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> StaticKVCache:
         # The buffer length is a symbolic size of the graph (bucket 0) or rounded up to a bucket.
         b = self.cache_bucket
-        cache = StaticKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device,
-                              -(-capacity // b) * b if b else max(capacity, 2))
-        if not b:  # one graph for every capacity: the buffer length is a symbolic size
-            for buf in cache.keys + cache.values:
-                torch._dynamo.mark_dynamic(buf, 2)
+        n = num_layers or self.num_layers
+        cap = -(-capacity // b) * b if b else max(capacity, 2)
+        if b:
+            # A CUDA graph reads its static inputs at the addresses it was recorded with: a new
+            # request takes the buffers of a finished one of its shape (zeroed), so its graphs
+            # replay instead of being recorded again for fresh buffers, inside the timed runs.
+            pool = self._cache_pool.setdefault((n, cap), [])
+            for entry in pool:
+                if entry[0]() is None:  # the request that used these buffers is over
+                    cache = StaticKVCache.over(*entry[1])
+                    entry[0] = weakref.ref(cache)
+                    return cache
+        cache = StaticKVCache(n, self.kv_heads, self.head_dim, self.dtype, self.device, cap)
+        if b:
+            # the entry holds the buffers and a weak reference to the request using them
+            pool.append([weakref.ref(cache), (list(cache.keys), list(cache.values), list(cache.length_ts))])
+            return cache
+        # one graph for every capacity: the buffer length is a symbolic size
+        for buf in cache.keys + cache.values:
+            torch._dynamo.mark_dynamic(buf, 2)
         return cache
 
     def step_layer(self, layer, i: int, h, rope, cache, block_mask=None, position_ids=None):
@@ -259,7 +369,8 @@ class CompiledLM(LayerwiseLM):
         before = compiled_graphs()
         t0 = time.perf_counter()
         cache._ensure(i, cache.lengths[i] + t)
-        out = self._step(h, rope[0], rope[1], cache.keys[i], cache.values[i], cache.lengths_t[i], block_mask,
+        self.calls += 1
+        out = self._step(h, rope[0], rope[1], cache.keys[i], cache.values[i], cache.length_ts[i], block_mask,
                          w.ln1, w.w_qkv, w.b_qkv, w.w_o, w.b_o, w.ln2, w.w_gate_up, w.w_down,
                          w.eps, self.n_q, self.kv_heads, self.head_dim)
         if compiled_graphs() != before:
@@ -267,11 +378,28 @@ class CompiledLM(LayerwiseLM):
         cache.advanced(i, t)
         return out
 
+    def predictor_params(self, predictors, i: int) -> tuple:
+        # A bank changed in place (put, load) invalidates the copies, as _w1t does.
+        key = tuple((x.data_ptr(), x._version, x.device) for x in (predictors.w1, predictors.b1, predictors.w2,
+                                                                   predictors.b2))
+        per_layer = self._pred_params.get(predictors)
+        if per_layer is None or per_layer.get("key") != key:
+            per_layer = self._pred_params[predictors] = {"key": key}
+        if i not in per_layer:
+            per_layer[i] = tuple(static_input(x[i].detach().clone())
+                                 for x in (predictors.b1, predictors._w1t, predictors.w2, predictors.b2))
+        return per_layer[i]
+
     def predict(self, probe, predictors, i: int, h, p_prev):
         if not probe.fast or not math.isfinite(predictors._logit_t):  # unfolded norm / threshold 0 or 1
             return super().predict(probe, predictors, i, h, p_prev)
-        return self._predict(h, probe.rows, probe.eps, probe.inv_d, p_prev, predictors.b1[i], predictors._w1t[i],
-                             predictors.w2[i], predictors.b2[i], predictors._logit_t)
+        b1, w1t, w2, b2 = self.predictor_params(predictors, i)
+        fire, p = self._predict(h, probe.rows, probe.eps, probe.inv_d, p_prev, b1, w1t, w2, b2, predictors._logit_t)
+        if self.cudagraphs:
+            # p outlives this call (the next layer's p_prev, after a layer graph has run): a
+            # CUDA-graph output is overwritten by its graph's next replay, so keep a copy.
+            p = p.clone()
+        return fire, p
 
 
 def build_runtime(runtime_cfg, model) -> LayerwiseLM:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from importlib import metadata
 
 import torch
@@ -50,10 +51,13 @@ def gpu_info() -> list[dict]:
                      "capability": f"{p.major}.{p.minor}"})
     try:
         import pynvml
+
+        from specee.bench.power import _NVML
         pynvml.nvmlInit()
         driver = pynvml.nvmlSystemGetDriverVersion()
         for g in gpus:
-            h = pynvml.nvmlDeviceGetHandleByIndex(g["index"])
+            # torch's ordinal is not NVML's under CUDA_VISIBLE_DEVICES: match by UUID / bus id.
+            h, _ = _NVML._handle(pynvml, g["index"])
             g["driver"] = driver.decode() if isinstance(driver, bytes) else driver
             g["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
             g["mem_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
@@ -73,16 +77,39 @@ def _cpu_times() -> tuple[float, float]:
     return sum(vals) - idle, sum(vals)
 
 
-def machine_load(sample_s: float = 0.5) -> dict:
+# NVML's utilisation covers its last sample period (1/6 s to 1 s by product): read it only after
+# this process has left its GPU idle that long, or it reports our own warm-up as someone else's.
+GPU_IDLE_S = 1.1
+
+
+def _gpu_utilization(device: torch.device) -> int | None:
+    """Utilisation (%) of the GPU ``device`` names, matched to NVML by UUID, not by ordinal."""
+    try:
+        import pynvml
+
+        from specee.bench.power import _NVML
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        handle, _ = _NVML._handle(pynvml, index)
+        return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:  # noqa: BLE001 - optional
+        return None
+
+
+def machine_load(sample_s: float = 0.5, device=None) -> dict:
     """How busy the machine is besides this process: the 1-minute load average and the share of
-    all CPU time other processes used over ``sample_s`` (and GPU utilisation where NVML has it).
-    A timing taken on a busy machine is noise."""
+    all CPU time other processes used over ``sample_s`` (and, for a CUDA ``device``, that GPU's
+    utilisation while this process leaves it idle). A timing taken on a busy machine is noise."""
     out: dict = {"cpu_count": os.cpu_count()}
+    dev = torch.device(device) if device is not None else None
+    gpu = dev is not None and dev.type == "cuda" and torch.cuda.is_available()
+    if gpu:
+        torch.cuda.synchronize(dev)  # our queued work ends here; the idle period starts
+    idle0 = time.perf_counter()
     try:
         out["loadavg_1min"] = round(os.getloadavg()[0], 2)
         b0, t0 = _cpu_times()
         own0 = sum(os.times()[:2])
-        import time
         time.sleep(sample_s)
         b1, t1 = _cpu_times()
         own = sum(os.times()[:2]) - own0
@@ -91,14 +118,11 @@ def machine_load(sample_s: float = 0.5) -> dict:
         out["other_cpu_share"] = round(max(0.0, (b1 - b0) - own * ticks) / total, 3)
     except (OSError, ValueError, IndexError):
         out["other_cpu_share"] = None
-    if torch.cuda.is_available():
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            out["gpu_utilization_pct"] = [pynvml.nvmlDeviceGetUtilizationRates(
-                pynvml.nvmlDeviceGetHandleByIndex(i)).gpu for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:  # noqa: BLE001 - optional
-            pass
+    if gpu:
+        time.sleep(max(0.0, GPU_IDLE_S - (time.perf_counter() - idle0)))
+        util = _gpu_utilization(dev)
+        if util is not None:
+            out["gpu_utilization_pct"] = [util]  # the GPU in use only; others' load is not ours
     # The load average also counts this sweep's previous job, so only other processes' share now
     # (and a GPU someone else is using) decide "busy".
     busy = (out.get("other_cpu_share") or 0) > 0.2 or any(u > 10 for u in out.get("gpu_utilization_pct", []))

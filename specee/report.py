@@ -32,8 +32,14 @@ def _kind(doc) -> str:
 
 
 def _hardware(doc) -> str:
+    """The hardware the run used: its device (a CPU run on a machine with a GPU is a CPU run)."""
     gpus = doc["env"].get("gpus") or []
-    return gpus[0]["name"] if gpus else f"CPU ({doc['env'].get('cpu')}, {doc['env'].get('torch_threads')} threads)"
+    device = str(doc.get("device") or (doc["config"].get("model") or {}).get("device") or "")
+    if gpus and device.startswith(("cuda", "auto")):
+        index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+        gpu = next((g for g in gpus if g.get("index") == index), gpus[0])
+        return gpu["name"]
+    return f"CPU ({doc['env'].get('cpu')}, {doc['env'].get('torch_threads')} threads)"
 
 
 def _stamp(docs) -> str:

@@ -31,8 +31,11 @@ class LayerKVCache:
                  capacity: int = 256):
         self.num_layers = num_layers
         self._shape = (1, kv_heads, capacity, head_dim)
-        self.keys = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.empty(self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # ``device``: one device, or one per layer (a model sharded with device_map=auto keeps
+        # each layer's K/V on that layer's device).
+        self.devices = list(device) if isinstance(device, (list, tuple)) else [device] * num_layers
+        self.keys = [torch.empty(self._shape, dtype=dtype, device=d) for d in self.devices]
+        self.values = [torch.empty(self._shape, dtype=dtype, device=d) for d in self.devices]
         self.lengths = [0] * num_layers
         self.seq_len = 0  # tokens accepted into the sequence = position of the next token
 
@@ -110,27 +113,42 @@ class LayerwiseLM:
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         windows = [getattr(layer.self_attn, "sliding_window", None) for layer in self.layers]
+        types = getattr(c, "layer_types", None) or []
+        if not any(windows) and getattr(c, "use_sliding_window", True) and \
+                (not types or "sliding_attention" in types):
+            windows = [getattr(c, "sliding_window", None)]  # recent transformers keep it on the config only
         self.sliding_window = min((w for w in windows if w), default=None)
         # Without SDPA (e.g. eager attention) a causal block needs an explicit mask.
         self._sdpa = getattr(self.config, "_attn_implementation", "sdpa") == "sdpa"
         self.dtype = self.embed_tokens.weight.dtype
         self.device = self.embed_tokens.weight.device
+        # Where each layer's weights live: several devices when device_map=auto shards the model.
+        self.layer_devices = [next(layer.parameters()).device for layer in self.layers]
+        self._mask_memo = None  # (block_mask, its version, T, the widest additive mask built)
 
     kind = "eager"
     fallback = None  # why a compiled runtime runs eagerly (None: it does not)
 
     def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> LayerKVCache:
-        return LayerKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.device,
-                            capacity)
+        return LayerKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype,
+                            self.cache_devices(num_layers), capacity)
+
+    def cache_devices(self, num_layers: int | None = None) -> list:
+        """Per cache layer, its layer's device (a one-layer draft cache lives with layer 0)."""
+        return self.layer_devices[: num_layers or self.num_layers]
 
     # -- pieces ---------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)
 
-    def rope(self, h: torch.Tensor, position_ids: torch.Tensor):
-        if self.sliding_window is not None and int(position_ids.max()) >= self.sliding_window:
+    def rope(self, h: torch.Tensor, position_ids: torch.Tensor, last: int | None = None):
+        """cos/sin for ``position_ids``. ``last``: the largest position, known on the host to the
+        caller; without it a sliding-window model reads it from the device (a sync)."""
+        if self.sliding_window is not None:
+            last = int(position_ids.max()) if last is None else last
+        if self.sliding_window is not None and last >= self.sliding_window:
             raise SpeceeError(
-                f"sequence reaches position {int(position_ids.max())}, beyond this model's sliding "
+                f"sequence reaches position {last}, beyond this model's sliding "
                 f"window ({self.sliding_window}); sliding-window eviction is not implemented — "
                 "use shorter prompts / max_new_tokens")
         return self.rotary(h, position_ids=position_ids)
@@ -162,7 +180,17 @@ class LayerwiseLM:
         """Additive mask for T new tokens over ``past`` cached ones; None when SDPA's default fits."""
         if block_mask is None and (t == 1 or (past == 0 and self._sdpa)):
             return None  # one token sees everything; a fresh causal block uses SDPA's causal path
-        return self._additive_mask(past, t, block_mask)
+        if block_mask is None:
+            return self._additive_mask(past, t, block_mask)
+        # A block mask (tree verification) is asked for once per layer with the same block: the
+        # mask over p cached entries is the last p + T columns of the one over more (every cached
+        # entry is visible), so build it once per step, at the widest past, and slice.
+        memo = self._mask_memo
+        if (memo is None or memo[0] is not block_mask or memo[1] != block_mask._version or memo[2] != t
+                or memo[3].shape[-1] < past + t):
+            memo = self._mask_memo = (block_mask, block_mask._version, t, self._additive_mask(past, t, block_mask))
+        wide = memo[3]
+        return wide[..., wide.shape[-1] - past - t:]
 
     def _additive_mask(self, past: int, t: int, block_mask: torch.Tensor | None) -> torch.Tensor:
         if block_mask is None:
@@ -186,10 +214,12 @@ class LayerwiseLM:
 
         ``commit`` advances ``cache.seq_len`` by T (a verification pass may commit later).
         """
+        last = None
         if position_ids is None:
             position_ids = self.positions(cache, ids.shape[1])
+            last = cache.seq_len + ids.shape[1] - 1
         h = self.embed(ids)
-        rope = self.rope(h, position_ids)
+        rope = self.rope(h, position_ids, last)
         for i in range(self.num_layers if upto is None else upto):
             h = self.run_layer(i, h, rope, cache, block_mask, position_ids)
         if commit:

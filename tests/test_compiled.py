@@ -138,6 +138,10 @@ def test_speed_run_on_the_compiled_runtime_reports_eager_beside_it(tmp_path):
     assert r["kind"] == "compiled" and r["fallback"] is None
     assert r["graphs_compiled_in_warmup"] >= 2 and r["graphs_compiled_in_timed_runs"] == 0
     assert r["compile_s"] > 0
+    # CUDA-graph counters are recorded in every compiled result (a CPU run captures none)
+    assert r["cudagraphs"] is False and r["cudagraph_captures_in_timed_runs"] is None
+    assert r["cudagraph_skips_in_warmup"] == 0 and r["cudagraph_skips_in_timed_runs"] == 0
+    assert r["compiled_calls_in_timed_runs"] > 0
     assert m["eager_dense"]["identical_to_runtime_dense_share"] == 1.0
     assert m["speedup_vs_eager_dense"] > 0 and m["dense"]["speedup_vs_eager_dense"] > 0
     assert m["eager_dense"]["ms_per_token_over_limit"] > 0

@@ -42,7 +42,7 @@ def _decode_step(model_path: str, context: int, dtype: str, runtime: str = "eage
     rt.forward(ids, cache)
     h = rt.embed(ids[:, -1:])
     pos = torch.tensor([[context]], device=rt.device)
-    rope = rt.rope(h, pos)
+    rope = rt.rope(h, pos, last=context)
     order = itertools.cycle(range(rt.num_layers))
 
     def layer():
@@ -50,7 +50,7 @@ def _decode_step(model_path: str, context: int, dtype: str, runtime: str = "eage
         rt.run_layer(i, h, rope, cache, None, pos)
         cache.lengths[i] -= 1
         if runtime == "compiled":
-            cache.lengths_t[i] -= 1  # a device op, inside the timing (about a microsecond on a CPU)
+            cache.length_ts[i].sub_(1)  # a device op, inside the timing (about a microsecond on a CPU)
     return rt, ids, h, layer
 
 

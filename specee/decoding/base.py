@@ -21,11 +21,12 @@ class Clock:
     """perf_counter that first waits for queued GPU work, so a reading covers what ran."""
 
     def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
 
     def __call__(self) -> float:
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)  # the model's GPU, not the current one (cuda:0)
         return time.perf_counter()
 
 
@@ -40,7 +41,8 @@ class PhaseTimer:
     """
 
     def __init__(self, device, profile: bool = False):
-        cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
         self.enabled = profile or not cuda
         self.sync = cuda and profile
         self.method = ("synchronized wall clock, separate profiling pass (CUDA)" if self.sync else
@@ -51,7 +53,7 @@ class PhaseTimer:
 
     def _now(self) -> float:
         if self.sync:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
     def start(self) -> None:
@@ -79,6 +81,12 @@ class PhaseTimer:
     def host_list(self, x: torch.Tensor) -> list:
         self.syncs += 1
         return x.tolist()
+
+    # Host data copied to the device: from pageable memory CUDA waits for the stream first, so
+    # on a GPU this is a sync as well, and counted like one.
+    def to_device(self, data, dtype=None) -> torch.Tensor:
+        self.syncs += 1
+        return torch.tensor(data, dtype=dtype, device=self.device)
 
     def trace(self) -> dict:
         """t_layers, t_pred, t_verify, t_draft, t_other (seconds) and syncs of this step."""

@@ -99,7 +99,7 @@ class SpecEEDecoder(LoopDecoder):
         probe = SpecProbe(rt, spec)
         pos = rt.positions(cache, 1)
         h = rt.embed(token.view(1, 1))
-        rope = rt.rope(h, pos)
+        rope = rt.rope(h, pos, cache.seq_len)
         active = self.schedule.active(state)
         eligible = [self.can_exit[i] and active[i] for i in range(rt.num_layers)]
         probe_only = delta_probe_layers(eligible, self.delta_from)

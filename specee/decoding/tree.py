@@ -148,7 +148,7 @@ class TreeDecoder(LoopDecoder):
         for depth, level, allowed, width in self.draft_levels:
             if depth:
                 pos = torch.full((1, len(level)), base - 1 + depth, device=rt.device)
-                out = d(torch.tensor([[tokens[v] for v in level]], device=rt.device),
+                out = d(timer.to_device([[tokens[v] for v in level]]),
                         torch.stack([f_hat[tr.parent[v]] for v in level])[None], dcache, pos,
                         rt._additive_mask(base, len(level), allowed))
                 f_hat.update({v: out[0, j] for j, v in enumerate(level)})
@@ -165,17 +165,17 @@ class TreeDecoder(LoopDecoder):
     def verify(self, tokens, spec, cache, state, timer: PhaseTimer, target=None):
         """One base forward over the tree; returns (walk, predictions, features of the walk, exit, trace)."""
         rt, tr, pred = self.rt, self.tree, self.predictors
-        ids = torch.tensor([tokens], device=rt.device)
+        ids = timer.to_device([tokens])
         pos = (cache.seq_len + self.depth)[None]
         start = list(cache.lengths)
         h = rt.embed(ids)
-        rope = rt.rope(h, pos)
+        rope = rt.rope(h, pos, cache.seq_len + tr.max_depth)
         active = self.schedule.active(state)
         eligible = [self.can_exit[i] and active[i] for i in range(rt.num_layers)]
         probe_only = delta_probe_layers(eligible, self.delta_from) if spec is not None else [False] * len(eligible)
         p_prev = {}
         if spec is not None:  # (units, K, d): the LM-head rows of each unit's candidates
-            spec_w = rt.lm_head.weight[torch.tensor([spec[v] for v in self.feat_node], device=rt.device)]
+            spec_w = rt.lm_head.weight[timer.to_device([spec[v] for v in self.feat_node])]
             p_prev = [initial_p(self.k, spec_w[j]) for j in range(len(self.feat_node))]
         counts = {"pred_calls": 0, "verify_calls": 0, "delta_probes": 0}
 
@@ -217,7 +217,7 @@ class TreeDecoder(LoopDecoder):
             timer.lap("layers")
         else:
             walk, nxt, normed = decision
-        idx = torch.tensor(walk, device=rt.device)
+        idx = timer.to_device(walk)
         for j in range(exit_layer + 1):  # layers above the exit got no entries this step
             cache.keep(j, start[j], idx)
         cache.seq_len += len(walk)
@@ -255,7 +255,7 @@ class TreeDecoder(LoopDecoder):
             trace["replay_target"] = target
         new = [nodes[v] for v in walk[1:]] + [nxt[walk[-1]]]
         s.root = new[-1]
-        s.pend_ids, s.pend_feats = torch.tensor([new], device=self.rt.device), feats[None]
+        s.pend_ids, s.pend_feats = timer.to_device([new]), feats[None]
         timer.lap("other")
         return Step(new, exit_layer, trace | timer.trace())
 
