@@ -7,7 +7,7 @@ import torch
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
-from specee.config import validate
+from specee.config import check_choices, validate
 from specee.data import data_root
 from specee.io import project_path
 from specee.errors import SpeceeError
@@ -74,9 +74,12 @@ def claim_run_dir(cfg) -> None:
 
 
 def run_experiment(cfg: DictConfig):
-    # Instantiating the dataclasses checks every value's type, not just key names.
-    OmegaConf.to_object(cfg)
-    validate(cfg)
+    from hydra.core.hydra_config import HydraConfig
+    try:
+        check_choices(HydraConfig.get().runtime.choices)
+    except ValueError:  # not under hydra.main (a library call)
+        pass
+    check_config(cfg)
     claim_run_dir(cfg)
     data_root(project_path(cfg.paths.data_root))  # every recipe reads it: fail before any work
     if cfg.threads:
@@ -87,3 +90,173 @@ def run_experiment(cfg: DictConfig):
     except Exception as err:  # noqa: BLE001 - hydra wraps import errors in its own type
         raise SpeceeError(f"experiment._target_={target!r} cannot be imported: {err}") from err
     return fn(cfg)
+
+
+# -- one checked path from the command line to a run ---------------------------------------------
+def check_config(cfg) -> None:
+    """A composed config: every value's type (instantiating the dataclasses), every field's range,
+    the rules across groups, then every input file the run will read. Raises SpeceeError."""
+    from omegaconf.errors import OmegaConfBaseException
+    try:
+        OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:
+        raise SpeceeError(explain(err)) from None
+    validate(cfg)
+    from specee.preflight import preflight
+    preflight(cfg)
+
+
+def _chosen(group: str, overrides) -> str | None:
+    """The option of ``group`` these overrides select (else conf/config.yaml's default)."""
+    import yaml
+    from specee.io import PROJECT_ROOT
+    for o in reversed(list(overrides)):
+        key, _, value = o.lstrip("+~").partition("=")
+        if key.lstrip("/") == group and value:
+            return value
+    for entry in yaml.safe_load((PROJECT_ROOT / "conf" / "config.yaml").read_text())["defaults"]:
+        if isinstance(entry, dict) and group in entry:
+            return entry[group]
+    return None
+
+
+def _schema_at(path: list[str], overrides):
+    """The schema class of the node at ``path`` (e.g. ['experiment', 'calibration']), or None."""
+    import dataclasses
+    import typing
+    from specee.config import Config, option_schema
+    cls = Config
+    for i, part in enumerate(path):
+        hints = typing.get_type_hints(cls) if cls else {}
+        if part not in hints:
+            return None
+        if i == 0 and not dataclasses.is_dataclass(hints[part]):
+            option = _chosen(part, overrides)
+            cls = option_schema(part, option) if option else None
+        else:
+            cls = hints[part] if dataclasses.is_dataclass(hints[part]) else None
+    return cls
+
+
+def _key_help(key: str, overrides) -> str:
+    import dataclasses
+    parent = key.split(".")[:-1]
+    cls = _schema_at(parent, overrides)
+    if cls is None:
+        return "check the spelling (`python run.py --cfg job` prints every key)"
+    names = [f.name for f in dataclasses.fields(cls)]
+    return f"valid keys{' of ' + '.'.join(parent) if parent else ''}: {', '.join(names)}"
+
+
+def explain(err, overrides=()) -> str:
+    """One line naming the key or option and the fix, for an error Hydra or OmegaConf raised
+    while composing (the same inputs would otherwise end in their multi-line reports)."""
+    import re
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+    from specee.config import options
+    from specee.errors import one_line
+    text = str(err)
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    if isinstance(err, MissingConfigException):
+        m = re.search(r"Could not find '/?([\w/]+)/([^'/]+)'", text)
+        if m and (err.options is not None or m.group(1) in ("model", "ablation", "dataset", "draft",
+                                                              "placement", "runtime", "experiment")):
+            return (f"{m.group(1)}={m.group(2)} is not an option; valid: {', '.join(options(m.group(1)))}")
+        return one_line(first)
+    if isinstance(err, OverrideParseException):
+        return f"cannot parse the command line: {one_line(first)}; write key=value (quote values with spaces)"
+    cause = err.__cause__ or err.__context__
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m:
+        return f"{m.group(1)} is not a setting; {_key_help(m.group(1), overrides)}"
+    m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
+    if m:
+        return f"{m.group(1)} already exists: set it without '+' ({m.group(1)}=VALUE)"
+    m = re.search(r"Error merging override (\S+)", text)
+    if m and m.group(1).startswith("~"):
+        return (f"{m.group(1)}: a declared setting cannot be removed; set {m.group(1)[1:].split('=')[0]}=null "
+                "where the schema allows it")
+    if m and isinstance(cause, OmegaConfBaseException):
+        key = cause.full_key or m.group(1).lstrip("+~").split("=")[0]
+        why = (cause.msg or str(cause)).strip().splitlines()[0]
+        return f"{m.group(1)}: {why} (the value does not fit {key}'s declared type; see conf/ or specee/config.py)"
+    if isinstance(err, OmegaConfBaseException):
+        key = err.full_key or "the config"
+        return f"{key}: {one_line((err.msg or first).strip().splitlines()[0])}"
+    extra = f" ({one_line(str(cause).strip().splitlines()[0])})" if cause is not None and str(cause).strip() else ""
+    return one_line(first) + extra
+
+
+def compose_and_check(overrides) -> DictConfig:
+    """Compose the command line's overrides as run.py would and check the result: the config
+    and every input file, in this process, before Hydra creates a run folder or anything loads."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+    from specee.config import register
+    from specee.io import PROJECT_ROOT
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", list(overrides), return_hydra_config=True)
+    except SpeceeError:
+        raise
+    except Exception as err:  # noqa: BLE001 - Hydra and OmegaConf raise many types for bad input
+        raise SpeceeError(explain(err, overrides)) from None
+    check_choices(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    check_config(cfg)
+    return cfg
+
+
+def sweep_jobs(argv) -> list[list[str]] | None:
+    """For a sweep (-m): each value of each swept key once, beside the first of the others (a
+    bad value anywhere is found before the first job runs, without composing the whole product);
+    None when a sweep needs Hydra's config loader to expand (glob)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides([a for a in argv if not a.startswith("-")])
+    except Exception as err:  # noqa: BLE001 - Hydra's parse errors
+        raise SpeceeError(explain(err, argv)) from None
+    fixed, swept = [], []
+    for o in parsed:
+        if not o.is_sweep_override():
+            fixed.append(o.input_line)
+            continue
+        try:
+            values = list(o.sweep_string_iterator())
+        except Exception:  # noqa: BLE001 - glob() needs the loader; the jobs check themselves
+            return None
+        swept.append([f"{o.get_key_element()}={v}" for v in values] or [o.input_line])
+    try:  # a value that does not read back as written (quoting) is left to the jobs' own checks
+        parser.parse_overrides([v for vals in swept for v in vals])
+    except Exception:  # noqa: BLE001
+        return None
+    first = [vals[0] for vals in swept]
+    jobs = [fixed + first]
+    for i, vals in enumerate(swept):
+        jobs += [fixed + first[:i] + [v] + first[i + 1:] for v in vals[1:]]
+    return jobs
+
+
+def check_command_line(argv) -> None:
+    """run.py's first step: a bad command line or input file is one `specee: error:` line and
+    exit status 2, before Hydra makes a run folder. A sweep's values are checked the same way
+    (see sweep_jobs); other flags (--cfg, --help, ...) are left to Hydra."""
+    import sys
+    from specee.errors import one_line
+    flags = [a for a in argv if a.startswith("-")]
+    try:
+        if not flags:
+            compose_and_check(argv)
+        elif set(flags) <= {"-m", "--multirun"}:
+            for job in sweep_jobs(argv) or []:
+                try:
+                    compose_and_check(job)
+                except SpeceeError as err:
+                    raise SpeceeError(f"sweep job [{' '.join(job)}]: {err}") from None
+    except SpeceeError as err:
+        print(f"specee: error: {one_line(err)}", file=sys.stderr)
+        sys.exit(2)

@@ -1,5 +1,7 @@
 """The bad-input matrix: one row per malformed input, each must end in one clear error (exit 2,
-the message naming the fix), never a traceback, never a result file."""
+the message naming the fix), never a traceback, never a result file. These are hand-picked, end to
+end; the generated matrices (every schema field, key level, option and artifact file) are in
+test_bad_input_config.py, test_bad_input_artifacts.py and test_bad_input_cli.py."""
 import json
 import shutil
 

@@ -4,11 +4,13 @@ layer's argmax is emitted (no draft, no verification)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from specee.cards import read_card
 from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits, walk_layers
 from specee.early_exit.features import adainfer_features
 from specee.early_exit.kv_policy import fill_skipped
@@ -43,13 +45,14 @@ class AdaInferSVM:
         path = Path(folder) / CARD
         if not path.is_file():
             raise SpeceeError(f"no AdaInfer SVM at {path}; train it with `python run.py experiment=train_predictors`")
-        try:
-            card = json.loads(path.read_text())
-            if len(card["coef"]) != 2:
-                raise KeyError("coef must hold 2 values [gap, top_prob]")
-            return cls(card["coef"], card["intercept"], card)
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise SpeceeError(f"{path} is corrupt ({err}); retrain (experiment=train_predictors)") from err
+        fix = "retrain it (experiment=train_predictors) or point early_exit.adainfer_path at another"
+        card = read_card(path, fix, {"coef": list, "intercept": float}, "AdaInfer SVM card")
+        coef = card["coef"]
+        if len(coef) != 2 or not all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                                     and math.isfinite(c) for c in coef):
+            raise SpeceeError(f"{path} is corrupt: coef must hold 2 finite numbers [gap, top_prob], not "
+                              f"{str(coef)[:40]}; {fix}")
+        return cls(coef, card["intercept"], card)
 
 
 @dataclass
@@ -85,7 +88,7 @@ class AdaInferDecoder(LoopDecoder):
         rt = self.rt
         pos = rt.positions(cache, 1)
         h = rt.embed(token.view(1, 1))
-        rope = rt.rope(h, pos)
+        rope = rt.rope(h, pos, cache.seq_len)
         calls = [0]
 
         def exit_test(i, h):

@@ -14,10 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from specee.cards import read_card, safetensors_shapes
 from specee.errors import SpeceeError
 
 WEIGHTS = "predictors.safetensors"
 CARD = "predictors_card.json"
+_FIX = "retrain the predictors (experiment=train_predictors) or point early_exit.predictors_path at others"
 
 
 def make_mlp(k: int, hidden: int = 512) -> nn.Sequential:
@@ -122,22 +124,34 @@ class PredictorBank(nn.Module):
         (folder / CARD).write_text(json.dumps(card, indent=1))
 
     @classmethod
+    def check(cls, folder: str | Path, num_layers: int, k: int) -> dict:
+        """The card and weight shapes against this run (layers, K), without reading the weights
+        (preflight, before the base model loads); returns the card."""
+        folder = Path(folder)
+        if not folder.is_dir() or not any((folder / f).exists() for f in (CARD, WEIGHTS)):
+            raise SpeceeError(f"no trained predictors at early_exit.predictors_path={folder}; "
+                              "train them with `python run.py experiment=train_predictors`")
+        card = read_card(folder / CARD, _FIX, {"num_layers": int, "k": int}, "predictors card")
+        if card["num_layers"] != num_layers or card["k"] != k:
+            raise SpeceeError(f"predictors at {folder} were trained for {card['num_layers']} layers, "
+                              f"K={card['k']}; this run has {num_layers} layers, K={k}. Retrain them "
+                              "(experiment=train_predictors) or set early_exit.k to match")
+        shapes = safetensors_shapes(folder / WEIGHTS, _FIX)
+        hidden = (shapes.get("w1") or (0, 0, 0))[-1]
+        want = {"w1": (num_layers, 3 * k, hidden), "b1": (num_layers, hidden), "w2": (num_layers, hidden),
+                "b2": (num_layers,), "has": (num_layers,)}
+        wrong = {n: shapes.get(n) for n, v in want.items() if shapes.get(n) != v}
+        if wrong or hidden < 1:
+            raise SpeceeError(f"{folder / WEIGHTS} does not hold predictors of {num_layers} layers, K={k} "
+                              f"(shapes {wrong}); {_FIX}")
+        return card
+
+    @classmethod
     def load(cls, folder: str | Path, num_layers: int, k: int, threshold: float) -> tuple["PredictorBank", dict]:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
         folder = Path(folder)
-        if not (folder / CARD).is_file() or not (folder / WEIGHTS).is_file():
-            raise SpeceeError(f"no trained predictors at early_exit.predictors_path={folder}; "
-                              "train them with `python run.py experiment=train_predictors`")
-        try:
-            card = json.loads((folder / CARD).read_text())
-        except json.JSONDecodeError as err:
-            raise SpeceeError(f"{folder / CARD} is corrupt ({err.msg}); retrain the predictors "
-                              "(experiment=train_predictors)") from None
-        if not isinstance(card, dict) or card.get("num_layers") != num_layers or card.get("k") != k:
-            raise SpeceeError(f"predictors at {folder} were trained for {card.get('num_layers')} layers, "
-                              f"K={card.get('k')}; this run has {num_layers} layers, K={k}. Retrain them "
-                              "(experiment=train_predictors) or set early_exit.k to match")
+        card = cls.check(folder, num_layers, k)
         try:
             state = load_file(str(folder / WEIGHTS))
         except (SafetensorError, OSError, ValueError) as err:

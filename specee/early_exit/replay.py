@@ -20,6 +20,8 @@ import random
 
 import torch
 
+from specee import cards
+from specee.cards import read_card
 from specee.errors import SpeceeError
 from specee.io import project_path
 
@@ -40,22 +42,26 @@ class ExitReplay:
             src = src / PROFILE
         if not src.is_file():
             raise SpeceeError(f"early_exit.replay={path}: no exit profile ({PROFILE}) or results.json there")
-        try:
-            doc = json.loads(src.read_text())
-        except json.JSONDecodeError as err:
-            raise SpeceeError(f"early_exit.replay={path}: {src} is not valid JSON ({err.msg})") from None
+        fix = f"point early_exit.replay at an exit profile folder or a speed results.json (it is {path})"
+        doc = read_card(src, fix, what="exit profile or speed results.json")
         if "exit_counts" in doc:
             counts = doc["exit_counts"]
-            if len(counts) != num_layers or sum(counts) <= 0 or min(counts) < 0:
-                raise SpeceeError(f"early_exit.replay={path}: the profile has {len(counts)} layers and "
-                                  f"{sum(counts)} exits; this model has {num_layers} layers (a profile needs "
-                                  "one non-negative count per layer)")
+            if not cards.counts(counts) or len(counts) != num_layers or sum(counts) <= 0:
+                n = len(counts) if isinstance(counts, list) else "no list of"
+                raise SpeceeError(f"early_exit.replay={path}: the profile has {n} layers and "
+                                  f"{sum(counts) if cards.counts(counts) else 'no'} exits; this model has "
+                                  f"{num_layers} layers (a profile needs one non-negative count per layer)")
             self.kind, self.weights = "profile", counts
             self.target_avg_layers = sum((i + 1) * c for i, c in enumerate(counts)) / sum(counts)
-        elif isinstance(doc.get("prompts"), list) and all("prompt_sha" in r for r in doc["prompts"]):
+        elif isinstance(doc.get("prompts"), list) and all(isinstance(r, dict) and "prompt_sha" in r
+                                                          for r in doc["prompts"]):
             self.kind, self.traces = "trace", {}
             for r in doc["prompts"]:
-                self.traces.setdefault(r["prompt_sha"], [x - 1 for x in r["exit_layers"][1:]])
+                layers = r.get("exit_layers")
+                if not cards.counts(layers) or any(x < 1 or x > num_layers for x in layers):
+                    raise SpeceeError(f"early_exit.replay={path}: prompt {r['prompt_sha']} has no exit_layers "
+                                      f"in 1..{num_layers} (layers used per token); {fix}")
+                self.traces.setdefault(r["prompt_sha"], [x - 1 for x in layers[1:]])
             self.target_avg_layers = None
         else:
             raise SpeceeError(f"early_exit.replay={path}: {src.name} is neither an exit profile "

@@ -19,10 +19,11 @@ A schedule is stateless; per-request state comes from ``new_request()`` and is p
 """
 from __future__ import annotations
 
-import json
 from collections import deque
 from pathlib import Path
 
+from specee import cards
+from specee.cards import read_card
 from specee.errors import SpeceeError
 
 PROFILE = "exit_profile.json"
@@ -131,17 +132,16 @@ def default_window(num_layers: int) -> int:
 
 def load_profile(folder: str | Path, num_layers: int) -> dict:
     path = Path(folder) / PROFILE
+    fix = "rerun experiment=profile_exits for this model (or point placement.profile_path at its profile)"
     if not path.is_file():
         raise SpeceeError(f"no exit profile at placement.profile_path={folder}; create it with "
                           "`python run.py experiment=profile_exits`")
-    try:
-        prof = json.loads(path.read_text())
-        counts = prof["exit_counts"]
-    except (json.JSONDecodeError, KeyError) as err:
-        raise SpeceeError(f"{path} is corrupt ({err}); rerun experiment=profile_exits") from err
+    prof = read_card(path, fix, {"exit_counts": list}, "exit profile")
+    counts = prof["exit_counts"]
+    if not cards.counts(counts):
+        raise SpeceeError(f"{path} is corrupt: exit_counts must be non-negative integers, one per layer; {fix}")
     if len(counts) != num_layers:
-        raise SpeceeError(f"the exit profile at {folder} has {len(counts)} layers, the model {num_layers}; "
-                          "rerun experiment=profile_exits for this model")
+        raise SpeceeError(f"the exit profile at {folder} has {len(counts)} layers, the model {num_layers}; {fix}")
     return prof
 
 

@@ -33,11 +33,11 @@ Update (writes/merges the entry of each task for this run's ablation)::
 """
 from __future__ import annotations
 
-import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
 
+from specee.cards import read_card
 from specee.errors import SpeceeError
 from specee.io import write_json_atomic
 
@@ -59,17 +59,31 @@ def tolerance(accuracy: float, n: int, spread: float = 0.0) -> tuple[float, str]
     return Z * se + spread, why
 
 
-def load(path: Path) -> dict:
+def load(path: Path, model: str | None = None) -> dict:
+    """The baseline at ``path``, its shape checked (and, given ``model``, that it is that model's)."""
     if not path.is_file():
         raise SpeceeError(f"no accuracy baseline at {path}; create it with "
                           "experiment.update_baseline=true (see specee/evaluation/drift.py)")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise SpeceeError(f"accuracy baseline {path} is corrupt ({err})") from err
+    fix = "regenerate it with experiment.update_baseline=true (or point experiment.baseline at another)"
+    doc = read_card(path, fix, {"specee_accuracy_baseline": int}, "specee accuracy baseline")
     if doc.get("specee_accuracy_baseline") != FORMAT:
         raise SpeceeError(f"{path} is not a format-{FORMAT} specee accuracy baseline (per-item records); "
                           "regenerate it with experiment.update_baseline=true")
+    for key, kind in (("model", str), ("settings", dict), ("tasks", dict), ("updated", dict)):
+        if not isinstance(doc.get(key), kind):
+            raise SpeceeError(f"{path} is not a specee accuracy baseline: {key!r} is missing or not a "
+                              f"{kind.__name__}; {fix}")
+    for task, modes in doc["tasks"].items():
+        for mode, e in (modes.items() if isinstance(modes, dict) else [(None, None)]):
+            ok = isinstance(e, dict) and all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool)
+                                             for k in ("accuracy", "n", "tolerance")) \
+                and isinstance(e.get("items", {}), dict)
+            if not ok:
+                raise SpeceeError(f"{path} is corrupt: tasks.{task}.{mode} is not an entry with accuracy, n, "
+                                  f"tolerance and items; {fix}")
+    if model is not None and doc["model"] != model:
+        raise SpeceeError(f"baseline {path} is for model {doc['model']!r}, not {model!r}; point "
+                          "experiment.baseline at this model's baseline (or update it)")
     return doc
 
 

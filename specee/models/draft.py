@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specee.cards import read_card, safetensors_shapes
 from specee.errors import SpeceeError
 from specee.runtime import LayerKVCache, LayerwiseLM
 
@@ -90,28 +91,45 @@ class DraftHead(nn.Module):
         (folder / CARD).write_text(json.dumps(card, indent=1))
 
 
-def load_draft(path: str | Path, rt: LayerwiseLM) -> tuple[DraftHead, dict]:
-    """Load a specee draft folder or an EAGLE-1 checkpoint folder for the base model ``rt``."""
+_FIX = "retrain the draft head (experiment=train_draft) or point draft.path at another one"
+_CARD_KEYS = {"base_num_layers": int, "hidden_size": int}
+
+
+def check_draft(path: str | Path, num_layers: int, hidden_size: int) -> dict:
+    """The draft folder's card and weight shapes against the base model, without reading the
+    weights (preflight, before the base model loads); returns the card."""
     folder = Path(path)
     if not folder.is_dir():
         raise SpeceeError(f"draft.path={path} is not a directory; train one with "
                           "`python run.py experiment=train_draft` or point it at an EAGLE-1 checkpoint")
-    head = DraftHead(rt.config).attach(rt)
-    if (folder / CARD).is_file():
-        try:
-            card = json.loads((folder / CARD).read_text())
-        except json.JSONDecodeError as err:
-            raise SpeceeError(f"{folder / CARD} is corrupt ({err.msg}); retrain the draft head "
-                              "(experiment=train_draft)") from None
-        if not isinstance(card, dict):
-            raise SpeceeError(f"{folder / CARD} is not a draft card; retrain the draft head")
-        state = _read_weights(folder / WEIGHTS)
-    else:
-        state, card = _eagle_state(folder), {"format": "eagle-1", "path": str(folder)}
-    if card.get("base_num_layers") not in (None, rt.num_layers) or \
-            card.get("hidden_size", rt.config.hidden_size) != rt.config.hidden_size:
+    if not (folder / CARD).exists() and not (folder / WEIGHTS).exists():
+        files = sorted(folder.glob("*.safetensors"))
+        if not files and not (folder / "pytorch_model.bin").is_file():
+            raise SpeceeError(f"{folder} holds neither {CARD} (specee draft) nor EAGLE weights "
+                              "(pytorch_model.bin / *.safetensors)")
+        for f in files:
+            safetensors_shapes(f, _FIX)
+        return {"format": "eagle-1", "path": str(folder)}
+    card = read_card(folder / CARD, _FIX, _CARD_KEYS, "draft card")
+    if card["base_num_layers"] != num_layers or card["hidden_size"] != hidden_size:
         raise SpeceeError(f"the draft head at {folder} was trained for another base model "
-                          f"({card.get('base_model')}); train one for this model")
+                          f"({card.get('base_model')}: {card['base_num_layers']} layers, hidden size "
+                          f"{card['hidden_size']}; this model {num_layers}, {hidden_size}); train one for this model")
+    shapes = safetensors_shapes(folder / WEIGHTS, _FIX)
+    want = {"fc.weight": (hidden_size, 2 * hidden_size), "fc.bias": (hidden_size,)}
+    wrong = {k: shapes.get(k) for k, v in want.items() if shapes.get(k) != v}
+    if wrong or not any(k.startswith("layer.") for k in shapes):
+        raise SpeceeError(f"{folder / WEIGHTS} does not fit this base model (hidden size {hidden_size}): "
+                          f"{wrong or 'no layer.* weights'}; {_FIX}")
+    return card
+
+
+def load_draft(path: str | Path, rt: LayerwiseLM) -> tuple[DraftHead, dict]:
+    """Load a specee draft folder or an EAGLE-1 checkpoint folder for the base model ``rt``."""
+    folder = Path(path)
+    card = check_draft(folder, rt.num_layers, rt.config.hidden_size)
+    head = DraftHead(rt.config).attach(rt)
+    state = _read_weights(folder / WEIGHTS) if card.get("format") != "eagle-1" else _eagle_state(folder)
     own = head.state_dict()
     missing = [k for k in own if k not in state]
     wrong = [k for k in own if k in state and state[k].shape != own[k].shape]

@@ -1,0 +1,154 @@
+"""Every input file a run will read, checked before the base model loads: the model folder's
+JSON files and weight headers, and each artifact the configured decoder, recipe or drift check
+needs (draft head, predictors, AdaInfer SVM, exit profile, replay, accuracy baseline), each
+through its own loader's check. A bad file is one SpeceeError naming it and the fix; the
+weights fingerprint is compared after loading, where the model's weights are known."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
+
+from specee.cards import read_card, read_json, safetensors_shapes
+from specee.errors import SpeceeError
+from specee.io import project_path
+
+# Recipes that load the configured model; which artifacts each reads is decided below.
+_LOADS_MODEL = ("speed", "accuracy", "stats", "train_predictors", "profile_exits", "train_draft")
+
+
+@dataclass
+class Shape:
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    positions: int | None
+
+
+def model_shape(model_cfg) -> Shape | None:
+    """The model's shape from its config.json (or shipped shape), every JSON file and weight
+    header of its folder read; None for a hub id (read only when it downloads)."""
+    from specee.models.loader import checkpoint_dir, resolve_device, shape_config
+    resolve_device(model_cfg.device)
+    if model_cfg.init == "random":
+        if model_cfg.path:
+            read_json(project_path(model_cfg.path) / "config.json",
+                      "model.init=random reads the architecture from model.path's config.json")
+        c = shape_config(model_cfg)
+        return Shape(c.num_hidden_layers, c.hidden_size, c.vocab_size, getattr(c, "max_position_embeddings", None))
+    src = checkpoint_dir(model_cfg)
+    folder = project_path(src)
+    if not folder.is_dir():
+        return None  # model.allow_hub=true with a hub id
+    try:
+        return _checkpoint_shape(folder, model_cfg)
+    except SpeceeError as err:  # the same words as a failed load, with the file that failed
+        raise SpeceeError(f"could not load the checkpoint at model.path={model_cfg.path}: {err}") from None
+
+
+def _checkpoint_shape(folder, model_cfg) -> Shape:
+    fix = "copy the checkpoint folder again (or retrain it)"
+    for f in sorted(folder.glob("*.json")):
+        if f.name != "config.json":
+            read_json(f, fix)
+    conf = read_card(folder / "config.json", fix, {"num_hidden_layers": int, "hidden_size": int, "vocab_size": int},
+                     "Hugging Face model config")
+    for f in sorted(folder.glob("*.safetensors")):
+        safetensors_shapes(f, fix)
+    if not any((folder / t).is_file() for t in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise SpeceeError(f"{folder} holds no tokenizer (tokenizer.json, tokenizer.model or vocab.json); {fix}")
+    pos = conf.get("max_position_embeddings")
+    return Shape(conf["num_hidden_layers"], conf["hidden_size"], conf["vocab_size"],
+                 pos if isinstance(pos, int) and not isinstance(pos, bool) else None)
+
+
+def _context(cfg, recipe: str, shape: Shape) -> None:
+    """Generation and scoring budgets against the model's positions (a prompt keeps at least one
+    token: longer prompts are cut from the left, a budget that fills the context cannot be)."""
+    if not shape.positions:
+        return
+    budgets = {"speed": [("dataset.max_new_tokens", cfg.dataset.max_new_tokens)],
+               "stats": [("dataset.max_new_tokens", cfg.dataset.max_new_tokens)],
+               "accuracy": [("experiment.max_gen_tokens", cfg.experiment.get("max_gen_tokens"))],
+               "train_predictors": [("experiment.calibration.max_new_tokens",
+                                     OmegaConf.select(cfg, "experiment.calibration.max_new_tokens"))],
+               "profile_exits": [("experiment.calibration.max_new_tokens",
+                                  OmegaConf.select(cfg, "experiment.calibration.max_new_tokens"))]}
+    for key, n in budgets.get(recipe, []):
+        if n is not None and n >= shape.positions:
+            raise SpeceeError(f"{key}={n} leaves no room for a prompt in model={cfg.model.name}'s "
+                              f"{shape.positions} positions; use at most {shape.positions - 1}")
+    if recipe == "accuracy" and (n := cfg.experiment.get("max_length")) is not None and n > shape.positions:
+        raise SpeceeError(f"experiment.max_length={n} exceeds model={cfg.model.name}'s {shape.positions} "
+                          f"positions; use at most {shape.positions} (or null)")
+
+
+def _same_base(cards: dict[str, dict]) -> None:
+    """Artifacts trained together must record the same base model (the weights themselves are
+    compared after loading)."""
+    seen = {what: (c.get("base_weights_fingerprint"), path) for what, (c, path) in cards.items()
+            if isinstance(c.get("base_weights_fingerprint"), str)}
+    if len({fp for fp, _ in seen.values()}) > 1:
+        listed = "; ".join(f"{what} at {path}: {fp[:12]}…" for what, (fp, path) in seen.items())
+        raise SpeceeError(f"these artifacts were trained for different base models ({listed}); retrain "
+                          "them for one model (experiment=train_draft, then train_predictors)")
+
+
+def preflight(cfg) -> None:
+    """Raise SpeceeError on the first input file this run would fail on; read nothing it won't."""
+    target = str(cfg.experiment._target_)
+    recipe = target.split(".")[1] if target.count(".") >= 2 else ""
+    if recipe not in _LOADS_MODEL:
+        return
+    shape = model_shape(cfg.model)
+    if recipe == "accuracy":
+        _baseline(cfg)
+    if shape is None:
+        return
+    _context(cfg, recipe, shape)
+    mode, ee, random_init = cfg.ablation.mode, cfg.early_exit, cfg.model.init == "random"
+    decodes = recipe in ("speed", "accuracy")
+    uses_draft = (decodes and mode in ("specee", "eagle")) or recipe in ("train_predictors", "profile_exits", "stats")
+    uses_bank = (decodes and mode == "specee") or recipe in ("profile_exits", "stats")
+    if uses_draft and (ee.k > shape.vocab_size):
+        raise SpeceeError(f"early_exit.k={ee.k} exceeds the vocabulary of model={cfg.model.name} "
+                          f"({shape.vocab_size} tokens); use a smaller top-K")
+    cards = {}
+    if random_init:  # random stand-ins replace the draft, predictors and SVM (their cost only)
+        uses_draft = uses_bank = False
+    if uses_draft and cfg.draft.name != "none" and cfg.draft.path:
+        from specee.models.draft import check_draft
+        cards["draft head"] = (check_draft(project_path(cfg.draft.path), shape.num_layers, shape.hidden_size),
+                               cfg.draft.path)
+    if uses_bank:
+        from specee.early_exit.predictor import PredictorBank
+        cards["predictors"] = (PredictorBank.check(project_path(ee.predictors_path), shape.num_layers, ee.k),
+                               ee.predictors_path)
+    if decodes and mode == "adainfer" and not random_init:
+        from specee.decoding.adainfer import AdaInferSVM
+        cards["AdaInfer classifier"] = (AdaInferSVM.load(project_path(ee.adainfer_path)).card, ee.adainfer_path)
+    _same_base(cards)
+    if (decodes and mode == "specee") or recipe == "stats":
+        _profiles(cfg, recipe, shape.num_layers)
+        from specee.early_exit.replay import load_replay
+        load_replay(ee.replay, shape.num_layers, cfg.seed)
+
+
+def _profiles(cfg, recipe: str, num_layers: int) -> None:
+    from specee.early_exit.schedule import load_profile
+    from specee.io import PROJECT_ROOT
+    offline = bool(cfg.placement.offline)
+    if recipe == "stats":  # every placement the statistics compare
+        for name in cfg.experiment.placements:
+            preset = PROJECT_ROOT / "conf" / "placement" / f"{name}.yaml"
+            offline |= preset.is_file() and bool(OmegaConf.load(preset).get("offline"))
+    if offline:
+        load_profile(project_path(cfg.placement.profile_path), num_layers)
+
+
+def _baseline(cfg) -> None:
+    from specee.evaluation import drift
+    e = cfg.experiment
+    path = project_path(e.baseline)
+    if e.check_baseline or (e.update_baseline and path.exists()):
+        drift.load(path, cfg.model.name)
