@@ -31,7 +31,7 @@ def run(cfg) -> dict:
     prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), e.calibration)
     counts = [0] * rt.num_layers
     for p in tqdm(prompts, desc="profile exits"):
-        text = format_conversation(cfg.model.chat_template, [(p.turns[0], None)])
+        text = format_conversation(cfg.model.chat_template, [(p.turns[0], None)], tokenizer)
         ids = tokenizer(text, return_tensors="pt").input_ids.to(rt.device)
         for tr in decoder.generate(ids, e.calibration.max_new_tokens, tokenizer.eos_token_id).trace:
             counts[tr["exit_layer"]] += 1

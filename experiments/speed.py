@@ -19,17 +19,57 @@ from specee.decoding.dense import DenseDecoder
 from specee.early_exit.replay import prompt_sha
 from specee.errors import SpeceeError
 from specee.io import project_path
-from specee.models.loader import load_model
+from specee.models.loader import load_model, load_tokenizer
 from specee.prompts import format_conversation
-from specee.compiled import build_runtime, compiled_graphs
+from specee.compiled import build_runtime, graph_stats
 from specee.runtime import LayerwiseLM
+
+WARMUP_TOKENS = 8  # tokens per untimed warm-up generation (the cache is still sized for the timed run)
+
+
+def warm_up(decoders, prompt_ids, max_new_tokens: int, eos, hf=None, tokens: int = WARMUP_TOKENS) -> None:
+    """Untimed generations of every decoder on each prompt, at the timed capacity: decoders size
+    their caches from ``max_new_tokens`` (and a compiled runtime with cache_bucket compiles one
+    graph per capacity), so the warm-up asks for the timed budget and stops after ``tokens``.
+    ``hf(ids)``: HF generate's own warm-up, before its first timed call."""
+    def stop(toks):
+        return len(toks) >= tokens
+    for ids in prompt_ids:
+        for dec in decoders:
+            if dec is not None:
+                dec.generate(ids, max_new_tokens, eos, stop)
+        if hf is not None:
+            hf(ids)
+
+
+def warm_key(rt, prompt_tokens: int):
+    """What decides the compiled graphs a request needs beyond its block lengths: the prompt
+    length under cache_bucket (capacity buckets), nothing otherwise."""
+    return prompt_tokens if rt.kind == "compiled" and getattr(rt, "cache_bucket", 0) else None
+
+
+def energy_pass(sides: dict, meters: dict, prompt_ids, max_new_tokens: int, eos, rounds: int = 1) -> dict:
+    """Energy per side in long windows: one window per side over all prompts (NVML's counter
+    advances about every 100 ms, so a window per generation would be quantised), sides in
+    alternating order over rounds. Untimed: throughput comes from the interleaved pass. Returns
+    the tokens each side generated inside its windows."""
+    names = [k for k, dec in sides.items() if dec is not None and meters[k].available]
+    tokens = {k: 0 for k in names}
+    for r in range(rounds):
+        for k in (names if r % 2 == 0 else names[::-1]):
+            with meters[k].region():
+                for ids in prompt_ids:
+                    tokens[k] += len(sides[k].generate(ids, max_new_tokens, eos).tokens)
+    return tokens
 
 
 def load_prompts(cfg) -> list[dict]:
     """Prompts with their user turns (up to dataset.turns); ``text`` is the formatted first turn."""
     prompts = load_prompt_set(project_path(cfg.paths.data_root), cfg.dataset)
+    tokenizer = load_tokenizer(cfg.model)  # the checkpoint's own chat template, when it has one
     return [{"id": p.id, "category": p.category, "turns": p.turns[: max(1, cfg.dataset.turns)],
-             "text": format_conversation(cfg.model.chat_template, [(p.turns[0], None)])} for p in prompts]
+             "text": format_conversation(cfg.model.chat_template, [(p.turns[0], None)], tokenizer)}
+            for p in prompts]
 
 
 def prompt_encoder(tokenizer, rt, max_new_tokens: int):
@@ -133,23 +173,30 @@ def run(cfg) -> dict:
     template = cfg.model.chat_template
     encode, truncated = prompt_encoder(tokenizer, rt, n_new)
 
-    # Warm caches, allocator and kernels. A compiled runtime warms on every prompt, so each KV
-    # capacity bucket is compiled before the clock starts; its compile time is reported apart.
-    graphs0, t_warm = compiled_graphs(), time.perf_counter()
-    for p in prompts if rt.kind == "compiled" else prompts[: cfg.experiment.warmup]:
-        for dec in (dense, decoder, eager_dense):
-            if dec is not None:
-                dec.generate(encode(p["text"]), min(8, n_new), eos)
+    # Warm caches, allocator and kernels (and HF generate, timed beside them). A compiled runtime
+    # warms on every prompt, so each KV capacity bucket is compiled before the clock starts; its
+    # compile time is reported apart.
+    stats0, t_warm = graph_stats(rt), time.perf_counter()
+    warm = prompts if rt.kind == "compiled" else prompts[: cfg.experiment.warmup]
+    hf_warm = (lambda ids: hf_generate(model, ids, min(WARMUP_TOKENS, n_new), eos)) \
+        if cfg.experiment.compare_hf_generate else None
+    warm_up((dense, decoder, eager_dense), [encode(p["text"]) for p in warm], n_new, eos, hf_warm)
+    warmed = {warm_key(rt, encode(p["text"]).shape[1]) for p in warm}
+    stats1 = graph_stats(rt)
     runtime_info = {"kind": rt.kind, "fallback": rt.fallback, "warmup_s": time.perf_counter() - t_warm,
                     "compile_s": getattr(rt, "compile_seconds", 0.0),
-                    "graphs_compiled_in_warmup": compiled_graphs() - graphs0}
-    graphs1 = compiled_graphs()
+                    "graphs_compiled_in_warmup": stats1["graphs_compiled"] - stats0["graphs_compiled"],
+                    "cudagraphs": bool(getattr(rt, "cudagraphs", False)),
+                    "cudagraph_skips_in_warmup": stats1["cudagraph_skips"] - stats0["cudagraph_skips"],
+                    "cudagraph_captures_in_warmup": (None if stats1["cudagraph_captures"] is None else
+                                                     stats1["cudagraph_captures"] - (stats0["cudagraph_captures"] or 0))}
+    in_loop_warm = {"graphs_compiled": 0, "cudagraph_skips": 0, "cudagraph_captures": 0, "compiled_calls": 0}
 
     meters = {"mode": EnergyMeter.for_device(rt.device), "dense": EnergyMeter.for_device(rt.device),
               "eager_dense": EnergyMeter.for_device(rt.device)}
     dense_gens, mode_gens, eager_gens, hf_s, hf_tokens_total, hf_match = [], [], [], 0.0, 0, []
     per_prompt = []
-    load_before = machine_load()
+    load_before = machine_load(device=rt.device)
     if load_before["busy"]:
         print(f"warning: the machine is busy (other processes' CPU share {load_before['other_cpu_share']}); "
               "timings will be noise and the result will be marked noisy")
@@ -160,7 +207,15 @@ def run(cfg) -> dict:
             # answers, so every mode is timed on the same token sequences.
             history = []
             for turn, user in enumerate(p["turns"]):
-                ids = encode(format_conversation(template, history + [(user, None)]))
+                ids = encode(format_conversation(template, history + [(user, None)], tokenizer))
+                key = warm_key(rt, ids.shape[1])
+                if key not in warmed:  # a later turn's capacity bucket: compile it untimed, apart
+                    before = graph_stats(rt)
+                    warm_up((dense, decoder, eager_dense), [ids], n_new, eos)
+                    after = graph_stats(rt)
+                    for k in in_loop_warm:
+                        in_loop_warm[k] += (after[k] or 0) - (before[k] or 0)
+                    warmed.add(key)
                 # Alternate the order (dense, mode), (mode, dense), ... so drift in the machine's
                 # speed (clocks, caches, neighbours) does not favour one side.
                 sides = {"dense": dense, "mode": decoder, "eager_dense": eager_dense}
@@ -169,8 +224,7 @@ def run(cfg) -> dict:
                 slot += 1
                 side_gen = {}
                 for side in order:
-                    with meters[side].region():
-                        side_gen[side] = sides[side].generate(ids, n_new, eos)
+                    side_gen[side] = sides[side].generate(ids, n_new, eos)
                 ref, gen = side_gen["dense"], side_gen["mode"]
                 dense_gens.append(ref)
                 mode_gens.append(gen)
@@ -191,13 +245,27 @@ def run(cfg) -> dict:
                 per_prompt.append(row)
                 history.append((user, tokenizer.decode(ref.tokens, skip_special_tokens=True)))
 
-    runtime_info["graphs_compiled_in_timed_runs"] = compiled_graphs() - graphs1
+    stats2 = graph_stats(rt)
+    runtime_info["graphs_compiled_in_timed_runs"] = (stats2["graphs_compiled"] - stats1["graphs_compiled"]
+                                                     - in_loop_warm["graphs_compiled"])
+    runtime_info["graphs_compiled_between_turns"] = in_loop_warm["graphs_compiled"]
+    runtime_info["cudagraph_skips_in_timed_runs"] = (stats2["cudagraph_skips"] - stats1["cudagraph_skips"]
+                                                     - in_loop_warm["cudagraph_skips"])
+    runtime_info["cudagraph_captures_in_timed_runs"] = (
+        None if stats2["cudagraph_captures"] is None else
+        stats2["cudagraph_captures"] - (stats1["cudagraph_captures"] or 0) - in_loop_warm["cudagraph_captures"])
+    runtime_info["compiled_calls_in_timed_runs"] = (stats2["compiled_calls"] - stats1["compiled_calls"]
+                                                    - in_loop_warm["compiled_calls"])
+    # Energy in long windows, after the timed pass and apart from it (first turns of the prompts).
+    energy_tokens = energy_pass({"dense": dense, "mode": decoder, "eager_dense": eager_dense}, meters,
+                                [encode(p["text"]) for p in prompts], n_new, eos,
+                                rounds=max(1, cfg.experiment.repeats))
     m = speed_metrics(mode_gens, rt.num_layers)
     d = speed_metrics(dense_gens, rt.num_layers)
     m["runtime"] = runtime_info
     if eager_gens:  # this runtime against the eager reference, timed interleaved in this run
         e = speed_metrics(eager_gens, rt.num_layers)
-        e["energy"] = meters["eager_dense"].summary(e["generated_tokens"])
+        e["energy"] = meters["eager_dense"].summary(energy_tokens.get("eager_dense", 0))
         e["identical_to_runtime_dense_share"] = sum(a.tokens == b.tokens for a, b in zip(eager_gens, dense_gens)) / len(eager_gens)
         m["eager_dense"] = e
         m["speedup_vs_eager_dense"] = m["decode_tokens_per_s"] / e["decode_tokens_per_s"]
@@ -206,8 +274,8 @@ def run(cfg) -> dict:
     m["speedup_vs_dense_ci"] = paired_speedup_ci(per_prompt, seed=cfg.seed)
     m["match_rate_vs_dense"] = match_rate([g.tokens for g in dense_gens], [g.tokens for g in mode_gens])
     m["dense"] = d
-    m["energy"] = meters["mode"].summary(m["generated_tokens"])
-    d["energy"] = meters["dense"].summary(d["generated_tokens"])
+    m["energy"] = meters["mode"].summary(energy_tokens.get("mode", 0))
+    d["energy"] = meters["dense"].summary(energy_tokens.get("dense", 0))
     split_gens, method = mode_gens, decoder.timer().method
     if rt.device.type == "cuda" and any(g.trace for g in mode_gens):
         # The timed pass read no phase boundaries; a synchronized pass bills each phase its GPU time.
@@ -238,10 +306,18 @@ def run(cfg) -> dict:
     for side in (m, d, *([m["eager_dense"]] if eager_gens else [])):
         side["ms_per_token"] = 1e3 / side["decode_tokens_per_s"]
         side["ms_per_token_over_limit"] = side["ms_per_token"] / m["bandwidth_bound"]["limit_ms_per_token"]
-    m["noisy_reasons"] = noisy_reasons(m, cfg.ablation.mode, load_before, machine_load(), decoder.multi_token)
+    m["noisy_reasons"] = noisy_reasons(m, cfg.ablation.mode, load_before, machine_load(device=rt.device),
+                                       decoder.multi_token)
     if runtime_info["graphs_compiled_in_timed_runs"]:
         m["noisy_reasons"].append(f"{runtime_info['graphs_compiled_in_timed_runs']} graph(s) compiled inside "
                                   "the timed runs (compile time counted as decoding)")
+    if runtime_info["cudagraphs"] and runtime_info["cudagraph_captures_in_timed_runs"]:
+        m["noisy_reasons"].append(f"{runtime_info['cudagraph_captures_in_timed_runs']} CUDA graph(s) recorded "
+                                  "inside the timed runs (recording counted as decoding)")
+    if runtime_info["cudagraphs"] and (runtime_info["cudagraph_skips_in_warmup"]
+                                       or runtime_info["cudagraph_skips_in_timed_runs"]):
+        m["noisy_reasons"].append("inductor skipped CUDA graphs (counters['inductor']['cudagraph_skips']): this "
+                                  f"is plain compiled mode, not {cfg.runtime.compile_mode}")
     m["noisy"] = bool(m["noisy_reasons"])
     m["machine_load_before"] = load_before
     if m["noisy"]:

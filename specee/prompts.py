@@ -9,8 +9,19 @@ VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence a
                  "The assistant gives helpful, detailed, and polite answers to the user's questions.")
 
 
-def format_conversation(template: str, turns: list[tuple[str, str | None]]) -> str:
-    """Render (user, assistant) pairs; the last assistant reply is None (to be generated)."""
+def format_conversation(template: str, turns: list[tuple[str, str | None]], tokenizer=None) -> str:
+    """Render (user, assistant) pairs; the last assistant reply is None (to be generated).
+
+    ``auto`` and ``tokenizer`` use the checkpoint's own chat template (``apply_chat_template``);
+    ``auto`` falls back to ``plain`` when the tokenizer carries none. The named templates are
+    hand-written for checkpoints that ship without one."""
+    if template in ("auto", "tokenizer"):
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            return _tokenizer_template(tokenizer, turns)
+        if template == "tokenizer":
+            raise SpeceeError("model.chat_template=tokenizer but this checkpoint's tokenizer carries no chat "
+                              f"template; use one of {', '.join(TEMPLATES[2:])}")
+        template = "plain"
     if template == "plain":
         parts = []
         for user, reply in turns:
@@ -51,4 +62,19 @@ def format_conversation(template: str, turns: list[tuple[str, str | None]]) -> s
     raise SpeceeError(f"chat template {template!r} is unknown; valid: {', '.join(TEMPLATES)}")
 
 
-TEMPLATES = ("plain", "llama2_chat", "vicuna", "mistral_inst", "chatml")
+def _tokenizer_template(tokenizer, turns) -> str:
+    messages = []
+    for user, reply in turns:
+        messages.append({"role": "user", "content": user})
+        if reply is not None:
+            messages.append({"role": "assistant", "content": reply})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=turns[-1][1] is None)
+    # The prompt is tokenized later with the tokenizer's special tokens: a template that writes the
+    # BOS itself would otherwise get a second one.
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos):]
+    return text
+
+
+TEMPLATES = ("auto", "tokenizer", "plain", "llama2_chat", "vicuna", "mistral_inst", "chatml")

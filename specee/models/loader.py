@@ -43,8 +43,10 @@ def checkpoint_dir(model_cfg) -> str:
     if not path.is_dir():
         if model_cfg.allow_hub:
             return str(model_cfg.path)  # a hub id, by explicit opt-in
-        raise SpeceeError(f"model.path={model_cfg.path} is not a directory ({path} does not exist); "
-                          "point model.path at a local Hugging Face checkpoint")
+        from specee.models.fetch import SOURCES
+        fix = (f"fetch it first: python run.py experiment=fetch model={model_cfg.name} (same paths.models / "
+               "model.path)" if model_cfg.name in SOURCES else "point model.path at a local Hugging Face checkpoint")
+        raise SpeceeError(f"model.path={model_cfg.path} is not a directory ({path} does not exist); {fix}")
     if not (path / "config.json").is_file():
         raise SpeceeError(f"model.path={path} has no config.json; is it a Hugging Face checkpoint folder?")
     weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
@@ -79,11 +81,25 @@ def load_model(model_cfg):
     return model.eval(), tokenizer
 
 
+def load_tokenizer(model_cfg):
+    """The model's tokenizer alone (prompt formatting before the weights load)."""
+    if model_cfg.init == "random":
+        return AutoTokenizer.from_pretrained(project_path(RANDOM_INIT_TOKENIZER))
+    src = checkpoint_dir(model_cfg)
+    try:
+        return AutoTokenizer.from_pretrained(src, local_files_only=not model_cfg.allow_hub)
+    except Exception as err:  # noqa: BLE001 - tokenizers and HF raise many types
+        raise SpeceeError(f"could not load the tokenizer at model.path={src} ({type(err).__name__}); is the "
+                          "folder complete and uncorrupted?") from None
+
+
 def weights_fingerprint(model) -> str:
-    """sha256 over the first 1024 values (float32) of every tensor of the state dict: what the
-    draft head, predictors and AdaInfer SVM record as the base model they were trained for."""
+    """sha256 over the first 1024 values of every tensor of the state dict, each rounded through
+    float16: what the draft head, predictors and AdaInfer SVM record as the base model they were
+    trained for. The rounding makes a bf16-stored checkpoint hash the same loaded in float32,
+    bfloat16 or float16 (float16 alters values below its normal range)."""
     import hashlib
-    return hashlib.sha256(b"".join(v.detach().reshape(-1)[:1024].float().cpu().numpy().tobytes()
+    return hashlib.sha256(b"".join(v.detach().reshape(-1)[:1024].half().float().cpu().numpy().tobytes()
                                    for v in model.state_dict().values())).hexdigest()
 
 
