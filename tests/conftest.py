@@ -34,16 +34,16 @@ def random_lm(arch: str = "llama", layers: int = 4, seed: int = 0):
     return model
 
 
-def early_exit_parts(layers: int, k: int = 4):
-    """A random-init Llama runtime, a draft head on it, and a predictor bank that fires on some
-    inputs and not on others (random first layer, zero-mean output)."""
+def early_exit_parts(layers: int, k: int = 4, arch: str = "llama", rt=None):
+    """A random-init runtime (Llama unless ``arch`` says otherwise, or the given ``rt``), a draft
+    head on it, and a predictor bank that fires on some inputs and not on others (random first
+    layer, zero-mean output)."""
     from specee.early_exit.predictor import PredictorBank
     from specee.models.draft import DraftHead
     from specee.runtime import LayerwiseLM
-    model = random_lm("llama", layers=layers, seed=0)
-    rt = LayerwiseLM(model)
+    rt = rt if rt is not None else LayerwiseLM(random_lm(arch, layers=layers, seed=0))
     torch.manual_seed(1)
-    draft = DraftHead(model.config).attach(rt).eval()
+    draft = DraftHead(rt.config).attach(rt).eval()
     torch.manual_seed(2)
     bank = PredictorBank(layers, k, hidden=8)
     with torch.no_grad():

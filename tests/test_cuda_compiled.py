@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from conftest import random_lm
+from conftest import early_exit_parts, random_lm
 
 
 def _recording_step(rt, calls):
@@ -52,16 +52,7 @@ def test_compiled_step_inputs_are_standalone_aligned_and_static_addresses():
 
 
 def _specee_on(rt, layers):
-    from specee.early_exit.predictor import PredictorBank
-    from specee.models.draft import DraftHead
-    torch.manual_seed(1)
-    draft = DraftHead(rt.config).attach(rt).eval()
-    torch.manual_seed(2)
-    bank = PredictorBank(layers, 4, hidden=8)
-    with torch.no_grad():
-        bank.w1.normal_()
-        bank.w2.normal_()
-    bank.has[:] = True
+    _, draft, bank = early_exit_parts(layers, rt=rt)
     return draft, bank
 
 

@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 
-from conftest import random_lm
+from conftest import early_exit_parts, random_lm
 
 
 # -- device arguments ---------------------------------------------------------------------
@@ -72,19 +72,7 @@ class HostReads:
 
 
 def _parts(arch, layers=4):
-    from specee.early_exit.predictor import PredictorBank
-    from specee.models.draft import DraftHead
-    from specee.runtime import LayerwiseLM
-    rt = LayerwiseLM(random_lm(arch, layers=layers))
-    torch.manual_seed(1)
-    draft = DraftHead(rt.config).attach(rt).eval()
-    torch.manual_seed(2)
-    bank = PredictorBank(layers, 4, hidden=8)
-    with torch.no_grad():
-        bank.w1.normal_()
-        bank.w2.normal_()
-    bank.has[:] = True
-    return rt, draft, bank
+    return early_exit_parts(layers, arch=arch)
 
 
 def _decoders(arch):

