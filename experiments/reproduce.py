@@ -26,13 +26,15 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
     if cfg.threads:
         common.append(f"threads={cfg.threads}")
     data = [f"dataset={e.dataset}", f"dataset.count={e.count}", f"dataset.max_new_tokens={e.max_new_tokens}"]
-    jobs = [(f"speed_{a}", ["experiment=speed", f"ablation={a}", *data]) for a in e.ablations]
-    jobs += [(f"speed_{a}_{kv}", ["experiment=speed", f"ablation={a}", f"early_exit.kv_policy={kv}", *data])
+
+    def speed(a: str) -> list[str]:
+        hf = [] if a in e.hf_generate_ablations else ["experiment.compare_hf_generate=false"]
+        return ["experiment=speed", f"ablation={a}", *hf, *data]
+    jobs = [(f"speed_{a}", speed(a)) for a in e.ablations]
+    jobs += [(f"speed_{a}_{kv}", [*speed(a), f"early_exit.kv_policy={kv}"])
              for a in e.kv_policy_variants for kv in ("propagate",)]
-    jobs += [(f"speed_{a}_independent", ["experiment=speed", f"ablation={a}", "ablation.mapping=independent", *data])
-             for a in e.mapping_variants]
-    jobs += [(f"speed_{a}_compiled", ["experiment=speed", f"ablation={a}", "runtime=compiled", *data])
-             for a in e.runtime_variants]
+    jobs += [(f"speed_{a}_independent", [*speed(a), "ablation.mapping=independent"]) for a in e.mapping_variants]
+    jobs += [(f"speed_{a}_compiled", [*speed(a), "runtime=compiled"]) for a in e.runtime_variants]
     if e.stats:
         jobs.append(("stats", ["experiment=stats", *data]))
     for a in e.accuracy_ablations:

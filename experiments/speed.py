@@ -15,12 +15,13 @@ from specee.bench.speed import hf_generate, match_rate, noisy_reasons, paired_sp
 from specee.env import machine_load
 from specee.data import load_prompt_set
 from specee.decoding import build_decoder
+from specee.decoding.base import generate_lockstep
 from specee.decoding.dense import DenseDecoder
 from specee.early_exit.replay import prompt_sha
 from specee.errors import SpeceeError
 from specee.io import project_path
 from specee.models.loader import load_model, load_tokenizer
-from specee.prompts import format_conversation
+from specee.prompts import PromptEncoder, format_conversation
 from specee.compiled import build_runtime, graph_stats
 from specee.runtime import LayerwiseLM
 
@@ -70,23 +71,6 @@ def load_prompts(cfg) -> list[dict]:
     return [{"id": p.id, "category": p.category, "turns": p.turns[: max(1, cfg.dataset.turns)],
              "text": format_conversation(cfg.model.chat_template, [(p.turns[0], None)], tokenizer)}
             for p in prompts]
-
-
-def prompt_encoder(tokenizer, rt, max_new_tokens: int):
-    """Encode a prompt so that prompt + generation fits the model's positions: longer prompts
-    keep their last tokens (Spec-Bench's long summarisation/RAG inputs on a short-context
-    model). Returns encode(text) -> ids and the list of truncations made, for the results."""
-    limit = getattr(rt.config, "max_position_embeddings", None)
-    truncated: list[int] = []
-
-    def encode(text: str):
-        ids = tokenizer(text, return_tensors="pt").input_ids
-        if limit and ids.shape[1] + max_new_tokens > limit:
-            keep = max(1, limit - max_new_tokens)
-            truncated.append(ids.shape[1] - keep)
-            ids = ids[:, -keep:]
-        return ids.to(rt.device)
-    return encode, truncated
 
 
 def generation_eos(cfg, tokenizer):
@@ -139,6 +123,67 @@ def early_exit_metrics(gens, m: dict, split_gens=None, split_method: str | None 
     }
 
 
+def oracle_gap(rt, inputs, gens, n: int, verified: bool = True) -> dict:
+    """Exits against the oracle on the mode's own tokens (the first ``n`` generations: one
+    repeat), untimed, with an eager runtime over the same weights; plus the fires the LM-head
+    verification refuted (each cost a full LM head and bought nothing)."""
+    from specee.bench.oracle import exit_gap, own_oracle
+    used, oracle, wrong = [], [], 0
+    for ids, g in zip(inputs[:n], gens[:n]):
+        first, differs = own_oracle(rt, ids, g.tokens)
+        used += g.exit_layers[1:len(first) + 1]
+        oracle += first
+        wrong += sum(differs)
+    gap = exit_gap(used, oracle, rt.num_layers)
+    if not gap:
+        return {}
+    trace = [t for g in gens for t in g.trace]
+    tokens = sum(t.get("emitted", 1) for t in trace)
+    exits = sum(t["exit_layer"] < rt.num_layers - 1 for t in trace)
+    replayed = any("replay_target" in t for t in trace)  # replay forces exits: no real decisions
+    refuted = sum(t["verify_calls"] for t in trace) - exits if verified and not replayed else None
+    return {"oracle_gap": gap, "avg_layers_over_oracle": gap["avg_layers_over_oracle"],
+            "oracle_avg_layers": gap["oracle_avg_layers"],
+            "tokens_not_full_stack_prediction": wrong / max(1, len(used)),
+            "refuted_fires_per_token": refuted / tokens if refuted is not None and tokens else None}
+
+
+# Prices for the GPU prediction when no GPU-measured table is given: a bandwidth-bound A100-80GB
+# (spec HBM bandwidth), with a stated floor per kernel launch and per host sync. Analytic.
+GPU_ANALYTIC = {"name": "analytic A100-80GB", "bandwidth_gb_s": 2039.0, "kernel_us": 4.0, "sync_us": 10.0}
+
+
+def cost_model(cfg, rt, decoder, dense, inputs, mode_gens, dense_gens, measured: float, ci: list) -> dict:
+    """Counted work x unit costs measured here, interleaved, after the clock (one prompt of
+    typical length): the modelled speedup beside the measured one, the two costs that explain
+    the gap to the layer ratio, and the same counts priced for Llama-2-7B/13B on a GPU."""
+    from specee.bench import cost_model as cm
+    lengths = [ids.shape[1] for ids in inputs]
+    mean = sum(lengths) / len(lengths)
+    ids = inputs[min(range(len(inputs)), key=lambda i: abs(lengths[i] - mean))]
+    units = cm.measure_unit_costs(rt, decoder, dense, ids, cfg.dataset.max_new_tokens, rounds=cfg.experiment.cost_rounds)
+    L, mode, decoding = rt.num_layers, cfg.ablation.mode, cfg.ablation.decoding
+    mode_counts = cm.count_work(mode_gens, L, mode, decoding, units.get("draft_tree_syncs") or 0)
+    dense_counts = cm.count_work(dense_gens, L, "dense")
+    model = cm.modelled_speedup(mode_counts, dense_counts, units)
+    context = units["context"]
+    predicted = {}
+    for target in ("llama2_7b", "llama2_13b"):
+        g = GPU_ANALYTIC
+        table = cm.analytic_unit_costs(cm.SHAPES[target], g["bandwidth_gb_s"], g["sync_us"], g["kernel_us"], context)
+        predicted[target] = cm.predict_speedup(mode_counts, dense_counts, L, target, table)
+    lo, hi = model["band"]
+    return {"modelled_speedup_vs_dense": model["value"], "modelled_band": model["band"],
+            "measured_in_model_band": bool(lo <= measured <= hi),
+            "model_in_measured_ci": bool(ci[0] <= model["value"] <= ci[1]),
+            "unmodelled_share": 1 - measured / model["value"],  # > 0: time no counted unit explains
+            "units_us": units["median_us"], "unit_rounds": len(next(iter(units["samples_us"].values()))),
+            "context": context, "counts": mode_counts, "dense_counts": dense_counts,
+            "breakdown_us_per_token": model["breakdown_us"], "gap_to_layer_ratio": cm.explain_gap(
+                mode_counts, dense_counts, units["median_us"], L),
+            "predicted_gpu": {"method": g["name"] + ": " + table["method"], "speedup_vs_dense": predicted}}
+
+
 def check_disjoint_from_calibration(cfg, prompts: list[dict]) -> None:
     """Evaluation prompts must not be ones the predictors were trained on."""
     if cfg.ablation.mode != "specee":
@@ -171,7 +216,11 @@ def run(cfg) -> dict:
     eos = generation_eos(cfg, tokenizer)
     n_new = cfg.dataset.max_new_tokens
     template = cfg.model.chat_template
-    encode, truncated = prompt_encoder(tokenizer, rt, n_new)
+    encode = PromptEncoder.for_runtime(tokenizer, rt, n_new)
+    for p in prompts:  # cut over-long prompts now, and say so once
+        encode(p["text"], p["id"])
+    if encode.note():
+        print(f"note: {encode.note()}")
 
     # Warm caches, allocator and kernels (and HF generate, timed beside them). A compiled runtime
     # warms on every prompt, so each KV capacity bucket is compiled before the clock starts; its
@@ -180,8 +229,8 @@ def run(cfg) -> dict:
     warm = prompts if rt.kind == "compiled" else prompts[: cfg.experiment.warmup]
     hf_warm = (lambda ids: hf_generate(model, ids, min(WARMUP_TOKENS, n_new), eos)) \
         if cfg.experiment.compare_hf_generate else None
-    warm_up((dense, decoder, eager_dense), [encode(p["text"]) for p in warm], n_new, eos, hf_warm)
-    warmed = {warm_key(rt, encode(p["text"]).shape[1]) for p in warm}
+    warm_up((dense, decoder, eager_dense), [encode(p["text"], p["id"]) for p in warm], n_new, eos, hf_warm)
+    warmed = {warm_key(rt, encode(p["text"], p["id"]).shape[1]) for p in warm}
     stats1 = graph_stats(rt)
     runtime_info = {"kind": rt.kind, "fallback": rt.fallback, "warmup_s": time.perf_counter() - t_warm,
                     "compile_s": getattr(rt, "compile_seconds", 0.0),
@@ -195,6 +244,7 @@ def run(cfg) -> dict:
     meters = {"mode": EnergyMeter.for_device(rt.device), "dense": EnergyMeter.for_device(rt.device),
               "eager_dense": EnergyMeter.for_device(rt.device)}
     dense_gens, mode_gens, eager_gens, hf_s, hf_tokens_total, hf_match = [], [], [], 0.0, 0, []
+    mode_inputs = []
     per_prompt = []
     load_before = machine_load(device=rt.device)
     if load_before["busy"]:
@@ -207,7 +257,8 @@ def run(cfg) -> dict:
             # answers, so every mode is timed on the same token sequences.
             history = []
             for turn, user in enumerate(p["turns"]):
-                ids = encode(format_conversation(template, history + [(user, None)], tokenizer))
+                ids = encode(format_conversation(template, history + [(user, None)], tokenizer),
+                             p["id"] if turn == 0 else f"{p['id']}/turn{turn + 1}")
                 key = warm_key(rt, ids.shape[1])
                 if key not in warmed:  # a later turn's capacity bucket: compile it untimed, apart
                     before = graph_stats(rt)
@@ -217,17 +268,21 @@ def run(cfg) -> dict:
                         in_loop_warm[k] += (after[k] or 0) - (before[k] or 0)
                     warmed.add(key)
                 # Alternate the order (dense, mode), (mode, dense), ... so drift in the machine's
-                # speed (clocks, caches, neighbours) does not favour one side.
+                # speed (clocks, caches, neighbours) does not favour one side; with interleave=step
+                # the sides also take turns step by step within the request.
                 sides = {"dense": dense, "mode": decoder, "eager_dense": eager_dense}
-                order = [k for k in (("dense", "mode", "eager_dense") if slot % 2 == 0 else
-                                     ("eager_dense", "mode", "dense")) if sides[k] is not None]
+                names = [k for k in sides if sides[k] is not None]
+                if cfg.experiment.interleave == "step":
+                    side_gen = dict(zip(names, generate_lockstep([sides[k] for k in names], ids, n_new, eos,
+                                                                 flip=slot % 2 == 1)))
+                else:
+                    side_gen = {k: sides[k].generate(ids, n_new, eos)
+                                for k in (names if slot % 2 == 0 else names[::-1])}
                 slot += 1
-                side_gen = {}
-                for side in order:
-                    side_gen[side] = sides[side].generate(ids, n_new, eos)
                 ref, gen = side_gen["dense"], side_gen["mode"]
                 dense_gens.append(ref)
                 mode_gens.append(gen)
+                mode_inputs.append(ids)
                 if eager_dense is not None:
                     eager_gens.append(side_gen["eager_dense"])
                 row = {"id": p["id"], "category": p["category"], "turn": turn, "prompt_tokens": ids.shape[1],
@@ -258,7 +313,7 @@ def run(cfg) -> dict:
                                                     - in_loop_warm["compiled_calls"])
     # Energy in long windows, after the timed pass and apart from it (first turns of the prompts).
     energy_tokens = energy_pass({"dense": dense, "mode": decoder, "eager_dense": eager_dense}, meters,
-                                [encode(p["text"]) for p in prompts], n_new, eos,
+                                [encode(p["text"], p["id"]) for p in prompts], n_new, eos,
                                 rounds=max(1, cfg.experiment.repeats))
     m = speed_metrics(mode_gens, rt.num_layers)
     d = speed_metrics(dense_gens, rt.num_layers)
@@ -280,9 +335,16 @@ def run(cfg) -> dict:
     if rt.device.type == "cuda" and any(g.trace for g in mode_gens):
         # The timed pass read no phase boundaries; a synchronized pass bills each phase its GPU time.
         profiler = build_decoder(cfg, rt, profile_phases=True)
-        split_gens = [profiler.generate(encode(p["text"]), n_new, eos) for p in prompts]
+        split_gens = [profiler.generate(encode(p["text"], p["id"]), n_new, eos) for p in prompts]
         method = profiler.timer().method
     m.update(early_exit_metrics(mode_gens, m, split_gens, method))
+    if cfg.ablation.mode in ("specee", "adainfer"):  # after the clock: the exits against the oracle
+        m.update(oracle_gap(LayerwiseLM(model), mode_inputs, mode_gens, len(per_prompt) // max(1, cfg.experiment.repeats),
+                             verified=cfg.ablation.mode == "specee"))
+    if cfg.experiment.cost_rounds:
+        m["cost_model"] = cost_model(cfg, rt, decoder, dense, mode_inputs, mode_gens, dense_gens,
+                                     m["speedup_vs_dense"], m["speedup_vs_dense_ci"])
+        m["modelled_speedup_vs_dense"] = m["cost_model"]["modelled_speedup_vs_dense"]
     if any("accepted" in t for g in mode_gens for t in g.trace):
         from specee.decoding.tree import mean_accepted_length
         m["mean_accepted_length"] = mean_accepted_length(mode_gens)
@@ -323,9 +385,11 @@ def run(cfg) -> dict:
     if m["noisy"]:
         print("warning: this measurement is marked noisy: " + "; ".join(m["noisy_reasons"]))
     m["prompts"] = len(prompts)
-    m["truncated_prompts"] = len(truncated)  # kept their last max_positions - max_new_tokens tokens
+    m["truncated_prompts"] = len(encode.truncated)  # kept their last max_positions - max_new_tokens tokens
+    m["truncated"] = encode.record()
     m["turns"] = len(per_prompt) // max(1, cfg.experiment.repeats)
     m["repeats"] = cfg.experiment.repeats
+    m["interleave"] = cfg.experiment.interleave
     path = results.save(out, cfg, m, {"prompts": per_prompt, "chat_template": cfg.model.chat_template,
                                       "device": str(rt.device)})
     print(f"{cfg.ablation.name}: {m['tokens_per_s']:.1f} tok/s, avg_layers {m['avg_layers']:.2f}/"
@@ -337,6 +401,13 @@ def run(cfg) -> dict:
           + (f", speedup_vs_eager_dense {m['speedup_vs_eager_dense']:.3f} (runtime {rt.kind}; "
              f"{runtime_info['compile_s']:.1f} s compiling, {runtime_info['graphs_compiled_in_timed_runs']} "
              "graphs compiled while timed)" if eager_gens else ""))
+    if "cost_model" in m:
+        c = m["cost_model"]
+        print(f"cost model: modelled speedup {c['modelled_speedup_vs_dense']:.3f} [{c['modelled_band'][0]:.3f}, "
+              f"{c['modelled_band'][1]:.3f}] (measured {m['speedup_vs_dense']:.3f}); gap to the layer ratio: "
+              + ", ".join(f"{g['cost']} {g['layer_units_per_token']:.2f} layers/token" for g in c["gap_to_layer_ratio"])
+              + "; Llama-2-7B/13B on " + c["predicted_gpu"]["method"].split(":")[0] + ": "
+              + " / ".join(f"{v:.2f}x" for v in c["predicted_gpu"]["speedup_vs_dense"].values()))
     print(f"bandwidth floor {m['bandwidth_bound']['limit_ms_per_token']:.3f} ms/token "
           f"({m['bandwidth_bound']['copy_gb_per_s']:.1f} GB/s copy): this mode {m['ms_per_token_over_limit']:.1f}x, "
           f"dense {d['ms_per_token_over_limit']:.1f}x")

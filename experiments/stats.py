@@ -15,8 +15,7 @@ from collections import defaultdict
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from experiments.speed import (check_disjoint_from_calibration, early_exit_metrics, generation_eos, load_prompts,
-                               prompt_encoder)
+from experiments.speed import check_disjoint_from_calibration, early_exit_metrics, generation_eos, load_prompts
 from specee import results
 from specee.bench.exit_stats import context_similarity, distribution
 from specee.bench.oracle import layer_predictions, oracle_layers, oracle_summary
@@ -27,6 +26,7 @@ from specee.early_exit.schedule import default_window
 from specee.errors import SpeceeError
 from specee.io import PROJECT_ROOT
 from specee.models.loader import load_model
+from specee.prompts import PromptEncoder
 from specee.compiled import build_runtime
 
 
@@ -60,8 +60,10 @@ def run(cfg) -> dict:
     decoders = {name: build_decoder(specee_cfg, rt, placement=placement_node(cfg, name))
                 for name in e.placements}
     dense = DenseDecoder(rt)
-    encode, truncated = prompt_encoder(tokenizer, rt, n_new)
-    encoded = [encode(p["text"]) for p in prompts]
+    encode = PromptEncoder.for_runtime(tokenizer, rt, n_new)
+    encoded = [encode(p["text"], p["id"]) for p in prompts]
+    if encode.note():
+        print(f"note: {encode.note()}")
     for ids in encoded[: e.warmup]:
         dense.generate(ids, 8, eos)
         for d in decoders.values():
@@ -124,7 +126,8 @@ def run(cfg) -> dict:
         missed[name] = {"tokens": len(trace), "missed_exit_share": len(late) / max(1, len(trace)),
                         "extra_layers_per_token": sum(late) / max(1, len(trace))}
     metrics["missed_exits"] = missed
-    metrics["truncated_prompts"] = len(truncated)
+    metrics["truncated_prompts"] = len(encode.truncated)
+    metrics["truncated"] = encode.record()
     path = results.save(out, cfg, metrics, {"prompts": [{"id": p["id"], "category": p["category"]} for p in prompts]})
     _print_summary(metrics, rows)
     print(f"wrote {path}")

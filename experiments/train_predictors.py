@@ -12,6 +12,17 @@ Class imbalance: most (token, layer) pairs are negative in early layers and posi
 ones. By default (``pos_weight=none``) the MLP learns the natural prior, so threshold 0.5 means
 "more likely than not already final" — favouring precision, because a false exit that passes
 verification changes the output. ``pos_weight=balanced`` weights positives by n_neg/n_pos.
+
+Options beyond the paper (its recipe stays the default):
+
+* ``label=verified``: positive when the layer's argmax is the final token AND that token is in the
+  draft's top-K S — a fire the LM-head verification confirms and that emits the right token
+  (``final``, the paper's, also counts fires that verification then refutes).
+* ``target_precision=P``: per-layer thresholds, stored in the card (``layer_thresholds``) for
+  ``early_exit.calibration=per_layer``. The held-out prompts are split in two halves: on the first,
+  layer l gets the lowest threshold whose precision (for the label) reaches P with at least
+  ``threshold_min_fires`` fires (1.0 = never fire where none does); the card reports precision and
+  recall at those thresholds on the second half, which took no part in choosing them.
 """
 from __future__ import annotations
 
@@ -27,7 +38,7 @@ from specee import data, results
 from specee.decoding.adainfer import AdaInferSVM
 from specee.early_exit.collect import collect_prompt
 from specee.early_exit.features import FEATURE_DEFINITION
-from specee.early_exit.predictor import PredictorBank, binary_metrics, train_layer
+from specee.early_exit.predictor import THRESHOLDS, PredictorBank, binary_metrics, select_threshold, train_layer
 from specee.errors import SpeceeError
 from specee.io import atomic_dir, project_path
 from specee.models.draft import load_draft
@@ -48,35 +59,68 @@ def train_svm(x: np.ndarray, y: np.ndarray, max_samples: int, seed: int) -> tupl
     return AdaInferSVM(svm.coef_[0].tolist(), float(svm.intercept_[0])), {"samples": int(len(idx))}
 
 
+LABELS = {
+    "final": "argmax(lm_head(norm(h_l))) == final-layer token, dense greedy decoding",
+    "verified": "argmax(lm_head(norm(h_l))) == final-layer token AND that token is in the draft's top-K S "
+                "(a fire the LM-head verification confirms), dense greedy decoding",
+}
+
+
 def run(cfg) -> dict:
     e, k = cfg.experiment, cfg.early_exit.k
+    if e.target_precision is not None and not 0 < e.target_precision <= 1:
+        raise SpeceeError(f"experiment.target_precision={e.target_precision} must lie in (0, 1] "
+                          "(null: no per-layer thresholds)")
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model(cfg.model)
     rt = LayerwiseLM(model)
     draft, draft_card = load_draft(project_path(cfg.draft.path), rt)
     prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), e.calibration)
 
-    per_prompt = []
-    for p in tqdm(prompts, desc="collect exit features"):
-        text = format_conversation(cfg.model.chat_template, [(p.turns[0], None)], tokenizer)
-        ids = tokenizer(text, return_tensors="pt").input_ids.to(rt.device)
-        got = collect_prompt(rt, draft, ids, e.calibration.max_new_tokens, k, tokenizer.eos_token_id)
-        if got:
-            per_prompt.append(got)
+    inputs = [tokenizer(format_conversation(cfg.model.chat_template, [(p.turns[0], None)], tokenizer),
+                        return_tensors="pt").input_ids.to(rt.device) for p in prompts]
+    cache_key = _collection_key(rt, draft, inputs, e.calibration.max_new_tokens, k, tokenizer.eos_token_id) \
+        if e.features_cache else None
+    per_prompt = _read_features_cache(project_path(e.features_cache), cache_key) if e.features_cache else None
+    if per_prompt is None:
+        per_prompt = []
+        for ids in tqdm(inputs, desc="collect exit features"):
+            got = collect_prompt(rt, draft, ids, e.calibration.max_new_tokens, k, tokenizer.eos_token_id)
+            if got:
+                per_prompt.append(got)
+        if e.features_cache and per_prompt:
+            _write_features_cache(project_path(e.features_cache), cache_key, per_prompt)
     if not per_prompt:
         raise SpeceeError("calibration produced no tokens; check the calibration prompt settings")
     rng = np.random.default_rng(cfg.seed)
     order = rng.permutation(len(per_prompt))
     n_va = max(1, int(len(order) * e.held_out_share))
     va, tr = [per_prompt[i] for i in order[:n_va]], [per_prompt[i] for i in order[n_va:]]
+    if e.label == "verified":  # the exit the decoder would take: right token, and in S to pass verification
+        for r in per_prompt:
+            r["target"] = r["label"] & r["in_spec"]
+    else:
+        for r in per_prompt:
+            r["target"] = r["label"]
     cat = lambda rows, key: np.concatenate([r[key] for r in rows])  # noqa: E731
-    X_tr, Y_tr, X_va, Y_va = cat(tr, "feats"), cat(tr, "label"), cat(va, "feats"), cat(va, "label")
+    X_tr, Y_tr, X_va, Y_va = cat(tr, "feats"), cat(tr, "target"), cat(va, "feats"), cat(va, "target")
+    Yf_tr, Yf_va = cat(tr, "label"), cat(va, "label")  # the final-token label (AdaInfer's SVM)
+    per_layer_t = e.target_precision is not None
+    if per_layer_t:  # thresholds chosen on held-out half A, reported on half B (no optimism)
+        if len(va) < 2:
+            raise SpeceeError(f"experiment.target_precision needs at least 2 held-out prompts to choose thresholds "
+                              f"on one half and report on the other; {len(va)} held out: raise "
+                              "experiment.held_out_share or add calibration prompts")
+        n_sel = len(va) // 2
+        cut = sum(len(r["label"]) for r in va[:n_sel])
+        sel, rep = slice(0, cut), slice(cut, None)
     data_hash = hashlib.sha256(np.ascontiguousarray(cat(per_prompt, "feats")).tobytes()
                                + np.ascontiguousarray(cat(per_prompt, "label")).tobytes()).hexdigest()
 
     L = rt.num_layers
     bank = PredictorBank(L, k, e.hidden, cfg.early_exit.threshold)
     layer_metrics, t0 = [], time.perf_counter()
+    thresholds = [1.0] * L  # the last layer always emits: no threshold of its own
     for layer in tqdm(range(L - 1), desc="train predictors"):  # the last layer always emits
         mlp, m = train_layer(X_tr[:, layer], Y_tr[:, layer], X_va[:, layer], Y_va[:, layer], k,
                              e.hidden, e.epochs, e.lr, e.batch_size, e.pos_weight,
@@ -84,14 +128,26 @@ def run(cfg) -> dict:
         bank.put(layer, mlp)
         layer_metrics.append({"layer": layer, **{f"{split}_{key}": v for split in m
                                                  for key, v in m[split].items()}})
+        if per_layer_t:
+            with torch.no_grad():
+                p_va = torch.sigmoid(mlp(torch.as_tensor(X_va[:, layer], dtype=torch.float32)).squeeze(-1)).numpy()
+            y_va = np.asarray(Y_va[:, layer])
+            t = thresholds[layer] = select_threshold(p_va[sel], y_va[sel], e.target_precision, e.threshold_min_fires)
+            chose, shown = binary_metrics(p_va[sel], y_va[sel], t), binary_metrics(p_va[rep], y_va[rep], t)
+            layer_metrics[-1].update({"threshold": t, **{f"select_{key}": chose[key] for key in ("n", "precision", "recall")},
+                                      "select_fires": int((p_va[sel] > t).sum()),
+                                      **{f"report_{key}": shown[key] for key in ("n", "precision", "recall")},
+                                      "report_fires": int((p_va[rep] > t).sum()),
+                                      "report_true_fires": int(((p_va[rep] > t) & (y_va[rep] == 1)).sum()),
+                                      "report_positives": int((y_va[rep] == 1).sum())})
     # Share of tokens whose final token was among the draft's K (an exit needs it there).
     final_in_spec = float(np.mean([r["in_spec"][:, -1].mean() for r in per_prompt]))
 
     A_tr, A_va = cat(tr, "ada")[:, : L - 1].reshape(-1, 2), cat(va, "ada")[:, : L - 1].reshape(-1, 2)
-    svm, svm_info = train_svm(A_tr, Y_tr[:, : L - 1].reshape(-1), e.svm_max_samples, cfg.seed)
+    svm, svm_info = train_svm(A_tr, Yf_tr[:, : L - 1].reshape(-1), e.svm_max_samples, cfg.seed)
     with torch.no_grad():
         dec = (torch.as_tensor(A_va, dtype=torch.float32) @ svm.w + svm.b).numpy()
-    svm_metrics = binary_metrics(1 / (1 + np.exp(-dec)), Y_va[:, : L - 1].reshape(-1), 0.5)
+    svm_metrics = binary_metrics(1 / (1 + np.exp(-dec)), Yf_va[:, : L - 1].reshape(-1), 0.5)
 
     common = {
         "model": cfg.model.name, "num_layers": L, "k": k, "base_weights_fingerprint":
@@ -100,12 +156,17 @@ def run(cfg) -> dict:
         "recipe": OmegaConf.to_container(e, resolve=True), "data_files": files,
         "calibration_prompt_ids": [p.id for p in prompts], "collected_tokens": int(sum(len(r["label"]) for r in per_prompt)),
         "train_prompts": len(tr), "held_out_prompts": len(va), "data_sha256": data_hash,
-        "label": "argmax(lm_head(norm(h_l))) == final-layer token, dense greedy decoding",
+        "label": LABELS["final"],
     }
     card = {**common, "feature_definition": FEATURE_DEFINITION, "threshold": cfg.early_exit.threshold,
             "pos_weight": e.pos_weight, "hidden": e.hidden, "epochs": e.epochs,
             "final_token_in_spec_share": final_in_spec, "per_layer": layer_metrics,
             "train_seconds": round(time.perf_counter() - t0, 1)}
+    if e.label != "final":
+        card["label"] = LABELS[e.label]
+    if per_layer_t:
+        card[THRESHOLDS] = thresholds
+        card["threshold_selection"] = _selection_summary(e, layer_metrics, va, n_sel, L)
     with atomic_dir(project_path(e.out_dir)) as tmp:
         bank.save(tmp, card)
     with atomic_dir(project_path(e.adainfer_out_dir)) as tmp:
@@ -116,9 +177,75 @@ def run(cfg) -> dict:
           f"final token in draft top-{k}: {final_in_spec:.3f}")
     for r in layer_metrics:
         print(f"layer {r['layer']:2d}: pos rate {r['held_out_positive_rate']:.3f}  acc {r['held_out_accuracy']:.3f}  "
-              f"prec {r['held_out_precision']:.3f}  rec {r['held_out_recall']:.3f}")
+              f"prec {r['held_out_precision']:.3f}  rec {r['held_out_recall']:.3f}"
+              + (f"  | t {r['threshold']:.3f}: report prec {r['report_precision']:.3f}  rec {r['report_recall']:.3f}"
+                 if per_layer_t else ""))
+    if per_layer_t:
+        print(f"per-layer thresholds (target precision {e.target_precision}, label {e.label}): "
+              f"{card['threshold_selection']['report']}")
     print(f"AdaInfer SVM held-out: {svm_metrics}")
     print(f"saved {e.out_dir} and {e.adainfer_out_dir}")
     results.save(results.output_dir(), cfg, {"per_layer": layer_metrics, "adainfer_svm": svm_metrics,
                                             "final_token_in_spec_share": final_in_spec})
     return card
+
+
+def _selection_summary(e, layer_metrics: list[dict], va: list[dict], n_sel: int, num_layers: int) -> dict:
+    """How the per-layer thresholds were chosen, and what they give on the half that did not choose."""
+    fires = sum(r["report_fires"] for r in layer_metrics)
+    true_fires = sum(r["report_true_fires"] for r in layer_metrics)
+    positives = sum(r["report_positives"] for r in layer_metrics)
+    return {
+        "target_precision": e.target_precision, "label": e.label, "min_fires": e.threshold_min_fires,
+        "rule": "per layer, the lowest t (fire: prob > t) whose precision on the selection half reaches "
+                "target_precision with >= min_fires fires; else 1.0 (never fire)",
+        "selection_half": {"prompts": n_sel, "tokens": int(sum(len(r["label"]) for r in va[:n_sel]))},
+        "report_half": {"prompts": len(va) - n_sel, "tokens": int(sum(len(r["label"]) for r in va[n_sel:]))},
+        "note": "thresholds chosen on the selection half of the held-out prompts; 'report' metrics come from "
+                "the other half, which took no part in choosing them (the selection-half precision is optimistic)",
+        "never_fire_layers": [r["layer"] for r in layer_metrics if r["threshold"] >= 1.0],
+        # pooled over layers 0..L-2 (the last always emits) on the report half
+        "report": {"fires": fires, "precision": true_fires / fires if fires else None,
+                   "recall": true_fires / positives if positives else None},
+    }
+
+
+_CACHED = ("feats", "argmax", "ada", "spec", "label", "in_spec")
+
+
+def _collection_key(rt, draft, inputs, max_new_tokens: int, k: int, eos_id) -> str:
+    """What the collected features are a function of: base and draft weights, the prompts' token ids
+    and the decoding settings (so a cache from other weights, prompts or settings is never reused)."""
+    h = hashlib.sha256(repr((max_new_tokens, k, eos_id, str(rt.dtype), str(rt.device))).encode())
+    for module in (rt.model, draft):
+        for name, t in sorted(module.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    for ids in inputs:
+        h.update(ids.cpu().numpy().astype(np.int64).tobytes() + b"|")
+    return h.hexdigest()
+
+
+def _read_features_cache(path, key: str):
+    """The per-prompt collections stored at ``path`` when they were made from the same inputs (same
+    key), else None (collected afresh, then stored there)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) != key:
+                print(f"features cache {path} was collected from other weights, prompts or settings; recollecting")
+                return None
+            n = int(z["prompts"])
+            return [{name: z[f"{i}_{name}"] for name in _CACHED} for i in range(n)]
+    except (OSError, ValueError, KeyError) as err:
+        print(f"features cache {path} is unreadable ({type(err).__name__}); recollecting")
+        return None
+
+
+def _write_features_cache(path, key: str, per_prompt: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"{i}_{name}": r[name] for i, r in enumerate(per_prompt) for name in _CACHED}
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, key=np.array(key), prompts=np.array(len(per_prompt)), **arrays)
+    tmp.replace(path)

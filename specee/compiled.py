@@ -379,22 +379,32 @@ class CompiledLM(LayerwiseLM):
         return out
 
     def predictor_params(self, predictors, i: int) -> tuple:
-        # A bank changed in place (put, load) invalidates the copies, as _w1t does.
+        """Layer i's static predictor weights for the fused step, and the logit threshold it is
+        compared with. Per-layer thresholds are folded into the output bias (logit > t_i <=>
+        logit - t_i > 0), so every layer runs the one graph compiled for threshold 0."""
+        # A bank changed in place (put, load, new thresholds) invalidates the copies, as _w1t does.
         key = tuple((x.data_ptr(), x._version, x.device) for x in (predictors.w1, predictors.b1, predictors.w2,
-                                                                   predictors.b2))
+                                                                   predictors.b2)) + (
+            tuple(predictors.layer_thresholds) if predictors.layer_thresholds is not None else None,)
         per_layer = self._pred_params.get(predictors)
         if per_layer is None or per_layer.get("key") != key:
             per_layer = self._pred_params[predictors] = {"key": key}
         if i not in per_layer:
-            per_layer[i] = tuple(static_input(x[i].detach().clone())
-                                 for x in (predictors.b1, predictors._w1t, predictors.w2, predictors.b2))
+            b1, w1t, w2, b2 = (x[i].detach().clone() for x in (predictors.b1, predictors._w1t, predictors.w2,
+                                                               predictors.b2))
+            t = predictors._logit_t
+            if predictors.layer_thresholds is not None:
+                from specee.early_exit.predictor import logit_threshold
+                t_i = logit_threshold(predictors.layer_thresholds[i])
+                b2, t = (b2 - t_i, 0.0) if math.isfinite(t_i) else (b2, t_i)
+            per_layer[i] = (tuple(static_input(x) for x in (b1, w1t, w2, b2)), t)
         return per_layer[i]
 
     def predict(self, probe, predictors, i: int, h, p_prev):
-        if not probe.fast or not math.isfinite(predictors._logit_t):  # unfolded norm / threshold 0 or 1
+        (b1, w1t, w2, b2), logit_t = self.predictor_params(predictors, i)
+        if not probe.fast or not math.isfinite(logit_t):  # unfolded norm / threshold 0 or 1
             return super().predict(probe, predictors, i, h, p_prev)
-        b1, w1t, w2, b2 = self.predictor_params(predictors, i)
-        fire, p = self._predict(h, probe.rows, probe.eps, probe.inv_d, p_prev, b1, w1t, w2, b2, predictors._logit_t)
+        fire, p = self._predict(h, probe.rows, probe.eps, probe.inv_d, p_prev, b1, w1t, w2, b2, logit_t)
         if self.cudagraphs:
             # p outlives this call (the next layer's p_prev, after a layer graph has run): a
             # CUDA-graph output is overwritten by its graph's next replay, so keep a copy.

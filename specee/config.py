@@ -54,6 +54,9 @@ class EarlyExitConfig:
     # p_prev of the Δ feature: previous_layer (layer l-1, as the predictors were trained; computed
     # there when l-1 has no scheduled predictor) | previous_evaluated (the last evaluated layer)
     delta_from: str = "previous_layer"
+    # global: `threshold` at every layer (the paper's) | per_layer: the per-layer thresholds stored
+    # with the predictors (trained with experiment.target_precision)
+    calibration: str = "global"
     predictors_path: str = "${paths.artifacts}/${model.name}_predictors"
     adainfer_path: str = "${paths.artifacts}/${model.name}_adainfer"
 
@@ -117,6 +120,10 @@ class SpeedExperiment:
     warmup: int = 1
     repeats: int = 1
     compare_hf_generate: bool = True
+    # step: dense and the mode advance in turn, step by step, each step timed (paired against the
+    # machine's drift); request: whole generations in alternating order
+    interleave: str = "step"
+    cost_rounds: int = 20  # interleaved rounds of the unit-cost microbenchmark (0 = no cost model)
 
 
 @dataclass
@@ -216,6 +223,17 @@ class TrainPredictorsExperiment:
     pos_weight: str = "none"  # none | balanced
     held_out_share: float = 0.2  # of prompts
     svm_max_samples: int = 40000
+    # final: layer argmax == final-layer token (the paper's) | verified: that, and the token is in the
+    # draft's top-K S (a fire the LM-head verification confirms and that is correct)
+    label: str = "final"
+    # null: no per-layer thresholds (early_exit.threshold everywhere). P: per layer, the lowest threshold
+    # whose precision (for `label`) on one half of the held-out prompts reaches P with at least
+    # threshold_min_fires fires, else 1.0 (never fire); the other half reports it.
+    target_precision: Optional[float] = None
+    threshold_min_fires: int = 10
+    # A .npz file for the collected features: read when it was collected from the same weights, prompts
+    # and settings (a key of them is stored), else collected afresh and written there (option sweeps).
+    features_cache: Optional[str] = None
 
 
 @dataclass
@@ -250,14 +268,18 @@ class ReproduceExperiment:
     _target_: str = "experiments.reproduce.run"
     name: str = "default"  # runs/reproduce/<name>, reports/<name>
     ablations: list[str] = field(default_factory=lambda: ["dense", "adainfer", "specee_t1", "specee_t1_t2",
-                                                          "eagle", "specee_full"])
+                                                          "specee_t1_t2_tuned", "eagle", "specee_full"])
     kv_policy_variants: list[str] = field(default_factory=lambda: ["specee_t1"])  # also run with propagate
     mapping_variants: list[str] = field(default_factory=lambda: ["specee_full"])  # also run independent
     # also run on runtime=compiled (beside eager dense, in the same job)
-    runtime_variants: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2", "eagle", "specee_full"])
+    runtime_variants: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2", "specee_t1_t2_tuned", "eagle",
+                                                                 "specee_full"])
+    # HF generate is timed beside these only; the others' end-to-end figure against it is chained
+    # through the dense job (their tokens/s against dense, same run x dense against HF generate)
+    hf_generate_ablations: list[str] = field(default_factory=lambda: ["dense"])
     dataset: str = "spec_bench"
-    count: int = 1  # prompts per Spec-Bench category
-    max_new_tokens: int = 48
+    count: int = 2  # prompts per Spec-Bench category (the per-category page needs more than one)
+    max_new_tokens: int = 32
     stats: bool = True
     accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
     accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa", "tinystories_ppl"])
@@ -512,7 +534,7 @@ LIMITS: dict[type, dict[str, tuple]] = {
     PlacementConfig: {"m": (1, INT_MAX), "coverage": (0.0, 1.0), "n_history": (1, INT_MAX)},
     RuntimeConfig: {"max_block": (1, INT_MAX)},
     DatasetConfig: {"max_new_tokens": (1, INT_MAX), "turns": (1, INT_MAX)},
-    SpeedExperiment: {"repeats": (1, INT_MAX)},
+    SpeedExperiment: {"repeats": (1, INT_MAX), "cost_rounds": (0, 10_000)},
     TrainBaseExperiment: {**{k: (1, INT_MAX) for k in (
         "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "batch_size", "steps",
         "eval_stories", "final_eval_stories", "log_every")},  # eval_every=0: no evaluation during training
@@ -522,7 +544,8 @@ LIMITS: dict[type, dict[str, tuple]] = {
                            "seq_len": (2, INT_MAX), "eval_share": (0.0, 1.0), "lr": (0.0, 1.0)},
     CalibrationConfig: {"max_new_tokens": (1, INT_MAX)},
     TrainPredictorsExperiment: {**{k: (1, INT_MAX) for k in ("hidden", "epochs", "batch_size", "svm_max_samples")},
-                                "lr": (0.0, 1.0), "held_out_share": (0.0, 1.0)},
+                                "lr": (0.0, 1.0), "held_out_share": (0.0, 1.0), "target_precision": (0.0, 1.0),
+                                "threshold_min_fires": (1, INT_MAX)},
     StatsExperiment: {"max_n": (1, INT_MAX)},
     ReproduceExperiment: {k: (1, INT_MAX) for k in ("count", "max_new_tokens", "accuracy_limit")},
     AccuracyExperiment: {k: (1, INT_MAX) for k in ("limit", "max_gen_tokens", "max_length")},
@@ -546,16 +569,19 @@ CHOICES: dict[type, dict[str, Any]] = {
     ModelConfig: {"dtype": _DTYPES, "init": ("pretrained", "random"), "chat_template": _templates,
                   "device": Pattern(r"cpu|cuda|cuda:\d+|auto", "cpu, cuda, cuda:N, auto")},
     DatasetConfig: {"source": _PROMPT_SOURCES},
-    EarlyExitConfig: {"kv_policy": ("holes", "propagate"), "delta_from": ("previous_layer", "previous_evaluated")},
+    EarlyExitConfig: {"kv_policy": ("holes", "propagate"), "delta_from": ("previous_layer", "previous_evaluated"),
+                      "calibration": ("global", "per_layer")},
     AblationConfig: {"mode": ("dense", "specee", "adainfer", "eagle"), "decoding": ("autoregressive", "tree"),
                      "mapping": ("independent", "merged"), "tree_exit_rule": ("all_paths", "any_path")},
     RuntimeConfig: {"kind": ("eager", "compiled"),
                     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")},
     TrainBaseExperiment: {"save_dtype": _DTYPES, "autocast_dtype": ("bfloat16", "float16")},
     TrainDraftExperiment: {"targets": ("dataset", "self")},
-    TrainPredictorsExperiment: {"pos_weight": ("none", "balanced")},
+    SpeedExperiment: {"interleave": ("step", "request")},
+    TrainPredictorsExperiment: {"pos_weight": ("none", "balanced"), "label": ("final", "verified")},
     StatsExperiment: {"placements": Options("placement")},
     ReproduceExperiment: {"ablations": Options("ablation"), "kv_policy_variants": Options("ablation"),
+                          "hf_generate_ablations": Options("ablation"),
                           "mapping_variants": Options("ablation"), "runtime_variants": Options("ablation"),
                           "accuracy_ablations": Options("ablation"), "dataset": Options("dataset")},
     AccuracyExperiment: {"on_overflow": ("truncate", "error"), "drift_gate": ("auto", "exact", "interval"),

@@ -122,7 +122,8 @@ def preflight(cfg) -> None:
                                cfg.draft.path)
     if uses_bank:
         from specee.early_exit.predictor import PredictorBank
-        cards["predictors"] = (PredictorBank.check(project_path(ee.predictors_path), shape.num_layers, ee.k),
+        cards["predictors"] = (PredictorBank.check(project_path(ee.predictors_path), shape.num_layers, ee.k,
+                                                   ee.calibration),
                                ee.predictors_path)
     if decodes and mode == "adainfer" and not random_init:
         from specee.decoding.adainfer import AdaInferSVM

@@ -78,3 +78,41 @@ def _tokenizer_template(tokenizer, turns) -> str:
 
 
 TEMPLATES = ("auto", "tokenizer", "plain", "llama2_chat", "vicuna", "mistral_inst", "chatml")
+
+
+class PromptEncoder:
+    """Prompt text -> token ids that fit the model's positions with room for the generation.
+
+    A longer prompt keeps its last tokens (Spec-Bench's long summarisation/RAG inputs on a
+    short-context model). Every cut is recorded (``truncated``) and said once in plain words
+    (``note``); the tokenizer's own over-length warning, which reads as an indexing bug, is
+    silenced because the cut is made here before the model ever sees the sequence."""
+
+    def __init__(self, tokenizer, limit: int | None, max_new_tokens: int, device=None):
+        self.tokenizer, self.limit, self.max_new_tokens, self.device = tokenizer, limit, max_new_tokens, device
+        self.truncated: dict[str, dict] = {}  # prompt id -> {"tokens": before, "kept": after}
+
+    @classmethod
+    def for_runtime(cls, tokenizer, rt, max_new_tokens: int) -> "PromptEncoder":
+        return cls(tokenizer, getattr(rt.config, "max_position_embeddings", None), max_new_tokens, rt.device)
+
+    def __call__(self, text: str, prompt_id: str | None = None):
+        ids = self.tokenizer(text, return_tensors="pt", verbose=False).input_ids
+        if self.limit and ids.shape[1] + self.max_new_tokens > self.limit:
+            keep = max(1, self.limit - self.max_new_tokens)
+            key = prompt_id if prompt_id is not None else f"#{len(self.truncated)}"
+            self.truncated.setdefault(key, {"tokens": int(ids.shape[1]), "kept": keep})
+            ids = ids[:, -keep:]
+        return ids.to(self.device) if self.device is not None else ids
+
+    def note(self) -> str | None:
+        """One sentence on what was cut, or None."""
+        if not self.truncated:
+            return None
+        cuts = ", ".join(f"{k} ({v['tokens']} tokens)" for k, v in self.truncated.items())
+        keep = next(iter(self.truncated.values()))["kept"]
+        return (f"{len(self.truncated)} prompt(s) longer than the model's {self.limit} positions minus "
+                f"{self.max_new_tokens} new tokens kept their last {keep} tokens: {cuts}")
+
+    def record(self) -> list[dict]:
+        return [{"id": k, **v} for k, v in self.truncated.items()]

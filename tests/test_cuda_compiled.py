@@ -4,6 +4,8 @@ a compiled result records, the C-compiler fallback, GQA without a K/V copy, one 
 import itertools
 import types
 
+import math
+
 import pytest
 import torch
 
@@ -93,11 +95,42 @@ def test_predictor_copies_follow_the_bank():
     from specee.compiled import CompiledLM
     rt = CompiledLM(random_lm("llama", layers=2))
     _, bank = _specee_on(rt, 2)
-    b1, w1t, w2, b2 = rt.predictor_params(bank, 1)
+    (b1, w1t, w2, b2), t = rt.predictor_params(bank, 1)
     assert torch.equal(b2, bank.b2[1]) and torch.equal(w1t, bank._w1t[1]) and _is_static(w1t)
+    assert t == bank._logit_t
     with torch.no_grad():
         bank.b2[1] = 3.0
-    assert float(rt.predictor_params(bank, 1)[3]) == 3.0
+    assert float(rt.predictor_params(bank, 1)[0][3]) == 3.0
+    # Per-layer thresholds fold into the bias: one graph (threshold 0) serves every layer.
+    bank.set_layer_thresholds([0.5, 0.8])
+    (_, _, _, b2), t = rt.predictor_params(bank, 1)
+    assert t == 0.0 and float(b2) == pytest.approx(3.0 - math.log(0.8 / 0.2))
+    bank.set_layer_thresholds([0.5, 1.0])  # never fires: the eager path decides
+    assert rt.predictor_params(bank, 1)[1] == math.inf
+
+
+def test_compiled_per_layer_thresholds_decide_as_eager():
+    """The fused compiled predictor with per-layer thresholds fires exactly where the eager one does."""
+    from specee.compiled import CompiledLM
+    from specee.runtime import LayerwiseLM
+    model = random_lm("llama", layers=3)
+    crt, ert = CompiledLM(model), LayerwiseLM(model)
+    _, bank = _specee_on(crt, 3)
+    from specee.early_exit.features import SpecProbe, features_from_logits, initial_p
+    spec = torch.tensor([1, 2, 3, 4])
+    g = torch.Generator().manual_seed(0)
+    hs = [torch.randn(1, 1, model.config.hidden_size, generator=g) for _ in range(12)]
+    logits = [float(bank.logit(1, features_from_logits(SpecProbe(ert, spec).logits(h), initial_p(4, spec))[0]))
+              for h in hs]
+    mid = sorted(logits)[len(logits) // 2]
+    bank.set_layer_thresholds([0.5, 1 / (1 + math.exp(-mid)), 0.5])
+    for h in hs:
+        fe, _ = ert.predict(SpecProbe(ert, spec), bank, 1, h, initial_p(4, spec))
+        probe = SpecProbe(crt, spec)
+        assert probe.fast  # the fused compiled step, not the eager fallback
+        fc, _ = crt.predict(probe, bank, 1, h, initial_p(4, spec))
+        assert bool(fe) == bool(fc)
+    assert 0 < sum(bool(ert.predict(SpecProbe(ert, spec), bank, 1, h, initial_p(4, spec))[0]) for h in hs) < len(hs)
 
 
 def test_compiled_results_record_cudagraph_skips_and_captures(monkeypatch):

@@ -109,6 +109,18 @@ def test_speed_run_writes_a_self_describing_result(micro, ablation, tmp_path):
             assert key in m
     if ablation in ("specee_t1", "specee_t1_t2", "adainfer"):
         assert len(doc["prompts"][0]["trace"]) == doc["prompts"][0]["tokens"] - 1
+    # Counted work x unit costs measured in the same job, beside the measured speedup.
+    cm = m["cost_model"]
+    assert cm["modelled_speedup_vs_dense"] > 0 and cm["units_us"]["layer"] > 0
+    assert cm["counts"]["layer_steps"] + cm["counts"]["tree_layer_steps"] > 0
+    assert set(cm["predicted_gpu"]["speedup_vs_dense"]) == {"llama2_7b", "llama2_13b"}
+    if ablation == "dense":
+        assert cm["modelled_speedup_vs_dense"] == pytest.approx(1.0)
+    if ablation in ("specee_t1", "specee_t1_t2", "adainfer", "specee_full"):  # exits against the oracle
+        g = m["oracle_gap"]
+        assert g["tokens"] > 0 and m["avg_layers_over_oracle"] == g["avg_layers_over_oracle"] > 0
+    else:
+        assert "oracle_gap" not in m
     # A rerun into the same directory skips the finished job.
     again = run_cli(*args)
     assert again.returncode == 0 and "skipping" in again.stdout
@@ -195,10 +207,11 @@ def test_reproduce_plan_covers_the_ablations():
     cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
     cfg.model = {"name": "tiny", "path": None}
     names = [n for n, _ in plan(cfg)]
-    assert names == ["speed_dense", "speed_adainfer", "speed_specee_t1", "speed_specee_t1_t2", "speed_eagle",
-                     "speed_specee_full", "speed_specee_t1_propagate", "speed_specee_full_independent",
-                     "speed_dense_compiled", "speed_specee_t1_t2_compiled", "speed_eagle_compiled",
-                     "speed_specee_full_compiled", "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
+    assert names == ["speed_dense", "speed_adainfer", "speed_specee_t1", "speed_specee_t1_t2",
+                     "speed_specee_t1_t2_tuned", "speed_eagle", "speed_specee_full", "speed_specee_t1_propagate",
+                     "speed_specee_full_independent", "speed_dense_compiled", "speed_specee_t1_t2_compiled",
+                     "speed_specee_t1_t2_tuned_compiled", "speed_eagle_compiled", "speed_specee_full_compiled",
+                     "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
     jobs = dict(plan(cfg))
     assert "runtime=compiled" in jobs["speed_eagle_compiled"] and "ablation=eagle" in jobs["speed_eagle_compiled"]
     assert not any(a.startswith("runtime=") for a in jobs["speed_eagle"])

@@ -57,3 +57,37 @@ def oracle_summary(first: list[int], stable: list[int], num_layers: int) -> dict
     f, s = sum(first) / n, sum(stable) / n
     return {"tokens": n, "oracle_avg_layers": f, "oracle_stable_avg_layers": s,
             "ideal_speedup": num_layers / f, "ideal_speedup_stable": num_layers / s}
+
+
+def own_oracle(rt, prompt_ids: torch.Tensor, tokens: list[int]) -> tuple[list[int], list[bool]]:
+    """The oracle of a (possibly lossy) mode on its *own* emitted tokens: teacher-force them,
+    and per token the earliest layer that already predicts what the full stack predicts at that
+    context (1-based). Also whether the mode's token differs from that full-stack prediction."""
+    preds = layer_predictions(rt, prompt_ids, tokens)
+    if not len(preds):
+        return [], []
+    full = preds[:, -1].tolist()
+    first, _ = oracle_layers(preds, full)
+    return first, [t != f for t, f in zip(tokens[1:], full)]
+
+
+def exit_gap(used: list[int], oracle: list[int], num_layers: int) -> dict:
+    """Where a mode's exits land against the oracle, per token (1-based layer counts):
+    at the oracle layer, 1-2 layers later, later still, never (the full stack although an
+    earlier layer knew), or earlier (an exit below the oracle: its token is not the full stack's)."""
+    n = len(used)
+    if not n or len(oracle) != n:
+        return {}
+    d = [u - o for u, o in zip(used, oracle)]
+    never = [u == num_layers and o < num_layers for u, o in zip(used, oracle)]
+    hist: dict[int, int] = {}
+    for x in d:
+        hist[x] = hist.get(x, 0) + 1
+    return {"tokens": n, "oracle_avg_layers": sum(oracle) / n,
+            "avg_layers_over_oracle": (sum(used) / n) / (sum(oracle) / n),
+            "share_at_oracle": sum(x == 0 for x in d) / n,
+            "share_within_2": sum(1 <= x <= 2 and not nv for x, nv in zip(d, never)) / n,
+            "share_later": sum(x > 2 and not nv for x, nv in zip(d, never)) / n,
+            "share_never": sum(never) / n,
+            "share_earlier": sum(x < 0 for x in d) / n,
+            "layers_over_oracle_histogram": {str(k): hist[k] for k in sorted(hist)}}

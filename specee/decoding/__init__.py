@@ -30,8 +30,11 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
         from specee.early_exit.schedule import build_schedule
         if random_init:
             bank = PredictorBank.random(rt.num_layers, ee.k, seed=cfg.seed, threshold=ee.threshold)
+            if ee.calibration == "per_layer":  # no trained thresholds: the per-layer path's cost
+                bank.set_layer_thresholds([ee.threshold] * rt.num_layers)
         else:
-            bank, card = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold)
+            bank, card = PredictorBank.load(project_path(ee.predictors_path), rt.num_layers, ee.k, ee.threshold,
+                                            ee.calibration)
             check_trained_for(card, ee.predictors_path, rt.model, "predictors")
         bank = bank.to(rt.device)  # float32: features are computed in float32
         placement = placement or cfg.placement

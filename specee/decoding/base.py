@@ -124,38 +124,83 @@ class Generation:
         return sum(self.token_s[1:])
 
 
-@torch.inference_mode()
+class Request:
+    """One generation in flight: ``start()`` runs the prefill, each ``advance()`` one decoding
+    step, each timed on its own. :func:`generate` drives one request to its end;
+    :func:`generate_lockstep` drives several decoders' requests on the same prompt step by step
+    in turn, so that a slow spell of the machine falls on every side alike."""
+
+    def __init__(self, decoder: "Decoder", prompt_ids: torch.Tensor, max_new_tokens: int,
+                 eos_id: int | None = None, stop: Callable[[list[int]], bool] | None = None):
+        self.decoder, self.prompt_ids, self.max_new_tokens = decoder, prompt_ids, max_new_tokens
+        self.eos_id, self.stop = eos_id, stop
+        self.clock = Clock(decoder.rt.device)
+        self.tokens: list[int] = []
+        self.times: list[float] = []
+        self.layers: list[int] = []
+        self.trace: list[dict] = []
+
+    @torch.inference_mode()
+    def start(self) -> None:
+        t0 = self.clock()
+        self.session, first = self.decoder.prefill(self.prompt_ids, self.max_new_tokens)
+        self.tokens, self.times, self.layers = [first], [self.clock() - t0], [self.decoder.rt.num_layers]
+
+    def done(self) -> bool:
+        t = self.tokens
+        return (len(t) >= self.max_new_tokens or t[-1] == self.eos_id
+                or (self.stop is not None and self.stop(t)))
+
+    @torch.inference_mode()
+    def advance(self) -> None:
+        """One step. A multi-token step stops exactly where dense would (tokens past the end are
+        dropped) and its time is shared equally by the tokens it emitted."""
+        t0 = self.clock()
+        step = self.decoder.step(self.session)
+        emitted = 0
+        for tok in step.tokens:
+            if self.done():
+                break
+            self.tokens.append(tok)
+            emitted += 1
+        dt = self.clock() - t0
+        self.times += [dt / emitted] * emitted
+        self.layers += [step.exit_layer + 1] * emitted
+        if step.trace is not None:
+            self.trace.append(step.trace | ({"emitted": emitted} if self.decoder.multi_token else {}))
+
+    def result(self) -> "Generation":
+        return Generation(self.tokens, self.times[0], self.times, self.layers, self.trace)
+
+
 def generate(decoder: Decoder, prompt_ids: torch.Tensor, max_new_tokens: int,
              eos_id: int | None = None, stop: Callable[[list[int]], bool] | None = None) -> Generation:
     """Greedy generation with any decoder: prefill, then steps until EOS, the token budget or
-    ``stop(tokens)`` (e.g. a stop string in the text so far), checked after every token.
-    A multi-token step stops exactly where dense would (tokens past the end are dropped) and its
-    time is shared equally by the tokens it emitted."""
-    clock = Clock(decoder.rt.device)
-    L = decoder.rt.num_layers
-    t0 = clock()
-    session, first = decoder.prefill(prompt_ids, max_new_tokens)
-    t1 = clock()
-    tokens, times, layers, trace = [first], [t1 - t0], [L], []
+    ``stop(tokens)`` (e.g. a stop string in the text so far), checked after every token."""
+    req = Request(decoder, prompt_ids, max_new_tokens, eos_id, stop)
+    req.start()
+    while not req.done():
+        req.advance()
+    return req.result()
 
-    def done() -> bool:
-        return len(tokens) >= max_new_tokens or tokens[-1] == eos_id or (stop is not None and stop(tokens))
 
-    while not done():
-        t0 = t1
-        step = decoder.step(session)
-        emitted = 0
-        for tok in step.tokens:
-            if done():
-                break
-            tokens.append(tok)
-            emitted += 1
-        t1 = clock()
-        times += [(t1 - t0) / emitted] * emitted
-        layers += [step.exit_layer + 1] * emitted
-        if step.trace is not None:
-            trace.append(step.trace | ({"emitted": emitted} if decoder.multi_token else {}))
-    return Generation(tokens, times[0], times, layers, trace)
+def generate_lockstep(decoders: list, prompt_ids: torch.Tensor, max_new_tokens: int,
+                      eos_id: int | None = None, flip: bool = False) -> list[Generation]:
+    """The same prompt through several decoders, step by step in turn (prefills too), the order
+    reversed every round (and from the start with ``flip``): paired timings whose ratio is not
+    moved by the machine's drift. Each generation is the one ``generate`` gives (each decoder
+    has its own session and cache); a decoder that finished drops out of the rounds."""
+    reqs = [Request(d, prompt_ids, max_new_tokens, eos_id) for d in decoders]
+    order = reqs[::-1] if flip else reqs
+    for r in order:
+        r.start()
+    while True:
+        order = order[::-1]
+        live = [r for r in order if not r.done()]
+        if not live:
+            return [r.result() for r in reqs]
+        for r in live:
+            r.advance()
 
 
 class LoopDecoder:

@@ -3,6 +3,11 @@
 Training uses one ``nn.Sequential`` per layer; decoding uses :class:`PredictorBank`, the same
 weights stacked so that a decision is two small matmuls and a compare against logit(threshold)
 (sigmoid(x) > t  <=>  x > log(t / (1 - t))).
+
+Calibration (``early_exit.calibration``): ``global`` (the paper's) compares every layer against the
+one ``early_exit.threshold``; ``per_layer`` compares layer l against its own threshold t_l, chosen at
+training time (``experiment.target_precision``, :func:`select_threshold`) and stored in the card as
+``layer_thresholds``.
 """
 from __future__ import annotations
 
@@ -20,6 +25,47 @@ from specee.errors import SpeceeError
 WEIGHTS = "predictors.safetensors"
 CARD = "predictors_card.json"
 _FIX = "retrain the predictors (experiment=train_predictors) or point early_exit.predictors_path at others"
+THRESHOLDS = "layer_thresholds"  # card key: one threshold per layer (early_exit.calibration=per_layer)
+_THRESHOLDS_FIX = ("retrain them with experiment.target_precision=P (e.g. 0.8), which stores per-layer "
+                   "thresholds, or use early_exit.calibration=global (early_exit.threshold for every layer)")
+
+
+def logit_threshold(t: float) -> float:
+    """The logit-space threshold: sigmoid(x) > t  <=>  x > logit(t) (t=1: never; t=0: always)."""
+    return math.inf if t >= 1 else -math.inf if t <= 0 else math.log(t / (1 - t))
+
+
+def select_threshold(prob: np.ndarray, y: np.ndarray, target_precision: float, min_fires: int) -> float:
+    """The lowest threshold t (decision ``prob > t``) whose precision on (prob, y) reaches
+    ``target_precision`` with at least ``min_fires`` fires: the most recall that precision allows.
+    Candidates are 0 and the distinct probabilities (between two of them every t decides the
+    same). None qualifies (the target is out of reach, or too few tokens to tell): 1.0, never fire."""
+    prob, y = np.asarray(prob, dtype=np.float64), np.asarray(y).astype(bool)
+    if not len(prob):
+        return 1.0
+    asc = np.sort(prob)
+    pos_asc = y[np.argsort(prob, kind="stable")].astype(np.int64)
+    cands = np.concatenate([[0.0], np.unique(asc)])
+    cands = cands[cands < 1.0]
+    # fires(t) = #{prob > t} = n - #{prob <= t}; true fires = positives among them.
+    n_le = np.searchsorted(asc, cands, side="right")
+    pos_le = np.concatenate([[0], np.cumsum(pos_asc)])[n_le]
+    fires, tp = len(prob) - n_le, int(pos_asc.sum()) - pos_le
+    with np.errstate(invalid="ignore", divide="ignore"):
+        precision = np.where(fires > 0, tp / np.maximum(fires, 1), 0.0)
+    ok = (fires >= min_fires) & (precision >= target_precision)
+    return float(cands[np.argmax(ok)]) if ok.any() else 1.0
+
+
+def check_thresholds(value, num_layers: int, where: str) -> list[float]:
+    """A card's ``layer_thresholds``: ``num_layers`` finite numbers in [0, 1], else one SpeceeError."""
+    ok = isinstance(value, list) and len(value) == num_layers and all(
+        isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= 1 for t in value)
+    if not ok:
+        shown = f"a list of {len(value)}" if isinstance(value, list) else type(value).__name__
+        raise SpeceeError(f"{where}: {THRESHOLDS!r} must be a list of {num_layers} numbers in [0, 1] (one per "
+                          f"layer); it holds {shown} {str(value)[:60]!r}; {_THRESHOLDS_FIX}")
+    return [float(t) for t in value]
 
 
 def make_mlp(k: int, hidden: int = 512) -> nn.Sequential:
@@ -77,14 +123,34 @@ class PredictorBank(nn.Module):
         self.w2 = nn.Parameter(torch.zeros(num_layers, hidden), requires_grad=False)
         self.b2 = nn.Parameter(torch.zeros(num_layers), requires_grad=False)
         self.register_buffer("has", torch.zeros(num_layers, dtype=torch.bool))
+        # per_layer calibration: logit(t_l) per layer, on the bank's device (not saved in the weights:
+        # the thresholds live in the card)
+        self.register_buffer("_logit_thr", torch.zeros(0), persistent=False)
+        self.layer_thresholds: list[float] | None = None
         self.set_threshold(threshold)
 
     def set_threshold(self, threshold: float) -> None:
+        """``global`` calibration: one threshold for every layer (the paper's; the default)."""
         if not 0.0 <= threshold <= 1.0:
             raise SpeceeError(f"early_exit.threshold={threshold} must lie in [0, 1]")
-        self.threshold = threshold
-        self._logit_t = math.inf if threshold >= 1 else -math.inf if threshold <= 0 \
-            else math.log(threshold / (1 - threshold))
+        self.threshold, self.layer_thresholds = threshold, None
+        self._logit_t = logit_threshold(threshold)
+        self._logit_thr = torch.zeros(0, device=self.has.device)
+
+    def set_layer_thresholds(self, thresholds) -> None:
+        """``per_layer`` calibration: layer l fires when sigmoid(logit) > thresholds[l]."""
+        if not isinstance(thresholds, list):  # an array or tensor
+            thresholds = np.asarray(thresholds, dtype=np.float64).reshape(-1).tolist()
+        thresholds = check_thresholds(thresholds, self.num_layers, "per-layer thresholds")
+        self.layer_thresholds = thresholds
+        self._logit_thr = torch.tensor([logit_threshold(t) for t in thresholds], dtype=torch.float32,
+                                       device=self.has.device)
+        # not one number: the compiled runtime's fused predictor (which takes one) steps aside
+        self._logit_t = math.nan
+
+    @property
+    def calibration(self) -> str:
+        return "global" if self.layer_thresholds is None else "per_layer"
 
     def put(self, layer: int, mlp: nn.Sequential) -> None:
         with torch.no_grad():
@@ -112,7 +178,9 @@ class PredictorBank(nn.Module):
 
     def decide(self, layer: int, feats: torch.Tensor) -> torch.Tensor:
         """The exit decision as a device tensor (reading it on the host is the sync)."""
-        return self.logit(layer, feats) > self._logit_t
+        if self.layer_thresholds is None:
+            return self.logit(layer, feats) > self._logit_t
+        return self.logit(layer, feats) > self._logit_thr[layer]
 
     def fires(self, layer: int, feats: torch.Tensor) -> bool:
         return bool(self.decide(layer, feats))
@@ -124,9 +192,10 @@ class PredictorBank(nn.Module):
         (folder / CARD).write_text(json.dumps(card, indent=1))
 
     @classmethod
-    def check(cls, folder: str | Path, num_layers: int, k: int) -> dict:
+    def check(cls, folder: str | Path, num_layers: int, k: int, calibration: str = "global") -> dict:
         """The card and weight shapes against this run (layers, K), without reading the weights
-        (preflight, before the base model loads); returns the card."""
+        (preflight, before the base model loads); returns the card. Per-layer thresholds, when the
+        card holds them, must be well formed; ``calibration='per_layer'`` requires them."""
         folder = Path(folder)
         if not folder.is_dir() or not any((folder / f).exists() for f in (CARD, WEIGHTS)):
             raise SpeceeError(f"no trained predictors at early_exit.predictors_path={folder}; "
@@ -144,14 +213,24 @@ class PredictorBank(nn.Module):
         if wrong or hidden < 1:
             raise SpeceeError(f"{folder / WEIGHTS} does not hold predictors of {num_layers} layers, K={k} "
                               f"(shapes {wrong}); {_FIX}")
+        if calibration not in ("global", "per_layer"):
+            raise SpeceeError(f"early_exit.calibration={calibration!r} is unknown; valid: global, per_layer")
+        if THRESHOLDS in card:
+            check_thresholds(card[THRESHOLDS], num_layers, str(folder / CARD))
+        elif calibration == "per_layer":
+            raise SpeceeError(f"early_exit.calibration=per_layer needs per-layer thresholds, and the predictors "
+                              f"at {folder} have none ({CARD} lacks {THRESHOLDS!r}); {_THRESHOLDS_FIX}")
         return card
 
     @classmethod
-    def load(cls, folder: str | Path, num_layers: int, k: int, threshold: float) -> tuple["PredictorBank", dict]:
+    def load(cls, folder: str | Path, num_layers: int, k: int, threshold: float,
+             calibration: str = "global") -> tuple["PredictorBank", dict]:
+        """The bank at ``folder``; ``calibration='per_layer'`` applies the card's per-layer
+        thresholds (``threshold`` is then unused), 'global' ``threshold`` at every layer."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
         folder = Path(folder)
-        card = cls.check(folder, num_layers, k)
+        card = cls.check(folder, num_layers, k, calibration)
         try:
             state = load_file(str(folder / WEIGHTS))
         except (SafetensorError, OSError, ValueError) as err:
@@ -163,6 +242,8 @@ class PredictorBank(nn.Module):
         except (KeyError, RuntimeError) as err:
             raise SpeceeError(f"{folder / WEIGHTS} does not hold predictors of {num_layers} layers, K={k} "
                               f"({type(err).__name__}); retrain the predictors") from None
+        if calibration == "per_layer":
+            bank.set_layer_thresholds(card[THRESHOLDS])
         return bank, card
 
     @classmethod
