@@ -177,7 +177,7 @@ def fig_staircase(docs):
     floor = lambda ms: (f"{np.mean([m['ms_per_token'] for m in ms]):.1f} ({np.mean([m['ms_per_token_over_limit'] for m in ms]):.1f}×)"  # noqa: E731
                         if all(m.get("ms_per_token_over_limit") for m in ms) else "–")
     def cm(ms, fmt):
-        got = [m["cost_model"] for m in ms if m.get("cost_model")]
+        got = [m["cost_model"] for m in ms if "modelled_speedup_vs_dense" in (m.get("cost_model") or {})]
         return fmt(got) if got else "–"
     modelled = lambda g: (f"{np.mean([c['modelled_speedup_vs_dense'] for c in g]):.3f} "  # noqa: E731
                           f"[{min(c['modelled_band'][0] for c in g):.2f}, {max(c['modelled_band'][1] for c in g):.2f}]")
@@ -197,7 +197,8 @@ def fig_staircase(docs):
         f"{np.mean([m['avg_layers'] for m in ms]):.2f} | {np.mean([m['match_rate_vs_dense'] for m in ms]):.3f} | "
         f"{'; '.join(r for m in ms for r in m.get('noisy_reasons', [])) or 'no'} |\n"
         for lab, ms in steps)
-    g = next((m["cost_model"] for _, ms in steps for m in ms if m.get("cost_model")), None)
+    g = next((m["cost_model"] for _, ms in steps for m in ms
+              if "modelled_speedup_vs_dense" in (m.get("cost_model") or {})), None)
     if g:
         md += ("\nModelled: each mode's counted work per token (layers, LM heads, predictor calls, draft steps, "
                "tree blocks, host syncs) priced with unit costs measured interleaved in the same job; band: "

@@ -222,3 +222,19 @@ def test_measure_unit_costs_on_tiny_with_specee(tiny):
 def test_explain_gap_lists_costs_not_savings():
     gap = cm.explain_gap(bare_mode(16) | {"extra_syncs": 1.0}, dense_counts(), UNITS, L)
     assert [g["cost"] for g in gap] == ["sync"]
+
+
+def test_a_speed_result_is_a_unit_table_for_prediction(tmp_path):
+    """A GPU speed job's results.json prices counts like a hand-written table."""
+    import json
+
+    from specee.bench.cost_model import predict_speedup
+    units = {"layer": 10.0, "lm_head": 5.0, "predictor": 1.0, "probe": 0.5, "draft_step": 12.0, "sync": 0.0,
+             "step_overhead": 2.0}
+    dense = {"steps": 1.0, "layer_steps": 32.0, "priced_lm_heads": 1.0}
+    mode = {"steps": 1.0, "layer_steps": 16.0, "priced_lm_heads": 1.0, "draft_steps": 1.0}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"metrics": {"cost_model": {"units_us": units}}}))
+    want = (32 * 10 + 5 + 2) / (16 * 10 + 5 + 12 + 2)
+    assert predict_speedup(mode, dense, 32, "llama2_7b", units) == pytest.approx(want)
+    assert predict_speedup(mode, dense, 32, "llama2_7b", path) == pytest.approx(want)

@@ -389,10 +389,16 @@ def analytic_unit_costs(shape: dict, bandwidth_gb_s: float, sync_us: float, kern
 
 
 def _unit_table(unit_us) -> dict:
-    """unit -> us from a dict, a measure/analytic result (its ``median_us``) or a JSON file of either;
+    """unit -> us from a dict, a measure/analytic result (its ``median_us``), a speed job's
+    results.json or its ``cost_model`` (``units_us``: a GPU run's speed results are a GPU table),
+    or a JSON file of any of these;
     ``step_overhead`` derived from ``dense_step`` when the table lacks it."""
     if isinstance(unit_us, (str, Path)):
         unit_us = json.loads(Path(unit_us).read_text())
+    if "metrics" in unit_us:  # a speed job's results.json: its measured units (a GPU run's are a GPU table)
+        unit_us = unit_us["metrics"]["cost_model"]
+    if "units_us" in unit_us:
+        unit_us = {"median_us": unit_us["units_us"]}
     table = dict(unit_us.get("median_us", unit_us))
     if "step_overhead" not in table and "dense_step" in table and "num_layers" in unit_us:
         table["step_overhead"] = table["dense_step"] - unit_us["num_layers"] * table["layer"] - table["lm_head"]

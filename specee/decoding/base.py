@@ -185,17 +185,31 @@ def generate(decoder: Decoder, prompt_ids: torch.Tensor, max_new_tokens: int,
 
 
 def generate_lockstep(decoders: list, prompt_ids: torch.Tensor, max_new_tokens: int,
-                      eos_id: int | None = None, flip: bool = False) -> list[Generation]:
-    """The same prompt through several decoders, step by step in turn (prefills too), the order
-    reversed every round (and from the start with ``flip``): paired timings whose ratio is not
-    moved by the machine's drift. Each generation is the one ``generate`` gives (each decoder
-    has its own session and cache); a decoder that finished drops out of the rounds."""
+                      eos_id: int | None = None, flip: bool = False, seed: int = 0) -> list[Generation]:
+    """The same prompt through several decoders, step by step in turn (prefills too): paired
+    timings whose ratio is not moved by the machine's drift. The order changes every round so no
+    side always follows another: two sides alternate (A B | B A | A B ..., from B A with ``flip``),
+    each running twice in a row equally often; more sides take a seeded shuffle per round (a fixed
+    reversal would leave the middle one never running back to back, which biases it). Each
+    generation is the one ``generate`` gives (each decoder has its own session and cache); a
+    decoder that finished drops out of the rounds."""
+    import random
+    rng = random.Random(seed)
     reqs = [Request(d, prompt_ids, max_new_tokens, eos_id) for d in decoders]
-    order = reqs[::-1] if flip else reqs
-    for r in order:
+
+    def rounds():
+        order = reqs[::-1] if flip else list(reqs)
+        while True:
+            yield order
+            if len(reqs) == 2:
+                order = order[::-1]
+            else:
+                order = list(reqs)
+                rng.shuffle(order)
+    schedule = rounds()
+    for r in next(schedule):
         r.start()
-    while True:
-        order = order[::-1]
+    for order in schedule:
         live = [r for r in order if not r.done()]
         if not live:
             return [r.result() for r in reqs]

@@ -51,11 +51,13 @@ class SpeceeLM(LM):
         return t.bos_token_id if t.bos_token_id is not None else t.eos_token_id
 
     def tok_encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+        # Over-long requests are cut by _fit and counted (``truncated``): the tokenizer's own
+        # "indexing errors" warning would read as a bug, so it is silenced here.
+        return self.tokenizer.encode(text, verbose=False)
 
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         if not context:
-            cont = self.tokenizer.encode(continuation, add_special_tokens=False)
+            cont = self.tokenizer.encode(continuation, add_special_tokens=False, verbose=False)
             if cont and cont[0] == self.prefix_token_id:
                 return cont[:1], cont[1:]
             return [self.prefix_token_id], cont
