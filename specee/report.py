@@ -472,9 +472,46 @@ def fig_exit_vs_oracle(docs):
     return fig, md
 
 
+def fig_cost_model(docs):
+    """Every speed result's measured speedup beside its cost model: counted work x unit costs
+    measured in the same job; the two costs that separate it from the layer ratio; the same
+    counts priced for Llama-2 shapes on a GPU (analytic unless a GPU-measured table was given)."""
+    speed = [d for d in _by_kind(docs, "speed")
+             if "modelled_speedup_vs_dense" in (d["metrics"].get("cost_model") or {})]
+    if not speed:
+        raise Skip("no speed results with a cost model (experiment.cost_rounds=0 or older results)")
+    speed = sorted(speed, key=lambda d: _order([_name(d)])[0])
+    fig, ax = plt.subplots(figsize=(7.5, 6))
+    md = ("| mode | measured [95% CI] | modelled [band] | agree | unmodelled share | top costs beyond the layer "
+          "ratio L/avg layers (layer-units/token) | Llama-2-7B / 13B predicted |\n|---|---|---|---|---|---|---|\n")
+    for d in speed:
+        m, c = d["metrics"], d["metrics"]["cost_model"]
+        lo, hi = m["speedup_vs_dense_ci"]
+        blo, bhi = c["modelled_band"]
+        x, y = c["modelled_speedup_vs_dense"], m["speedup_vs_dense"]
+        ax.errorbar(x, y, yerr=[[y - lo], [hi - y]], xerr=[[max(0, x - blo)], [max(0, bhi - x)]], fmt="o",
+                    capsize=3, label=_name(d))
+        agree = "yes" if c["model_in_measured_ci"] else "in band" if c["measured_in_model_band"] else "no"
+        gap = "; ".join(f"{g['cost']} {g['layer_units_per_token']:.2f}" for g in c["gap_to_layer_ratio"]) or "–"
+        gpu = c["predicted_gpu"]["speedup_vs_dense"]
+        md += (f"| {_name(d)} | {y:.3f} [{lo:.3f}, {hi:.3f}] | {x:.3f} [{blo:.2f}, {bhi:.2f}] | {agree} | "
+               f"{c['unmodelled_share']:+.1%} | {gap} | {gpu['llama2_7b']:.2f} / {gpu['llama2_13b']:.2f} |\n")
+    lims = [min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])]
+    ax.plot(lims, lims, "k--", lw=0.8)
+    ax.set_xlabel("modelled speedup vs dense (×): counted work × unit costs, band over rounds")
+    ax.set_ylabel("measured decode speedup vs dense (×), 95% CI over prompts")
+    ax.set_title(f"Measured against modelled speedup\n{_stamp(speed)}", fontsize=10)
+    ax.legend(fontsize=6, ncol=2)
+    md += (f"\nPredicted: {speed[0]['metrics']['cost_model']['predicted_gpu']['method']}. A positive unmodelled "
+           "share is time no counted unit explains (the early-exit loop's own bookkeeping: the layer walk, the "
+           "speculative probe built per step, the schedule, traces).\n")
+    return fig, md
+
+
 FIGURES = [
     ("Speedup per dataset and method", fig_speedup_per_category),
     ("Ablation staircase", fig_staircase),
+    ("Measured against modelled speedup", fig_cost_model),
     ("Exit-layer distribution", fig_exit_distribution),
     ("Context similarity", fig_context_similarity),
     ("Predictor count and overhead", fig_overhead),

@@ -178,3 +178,19 @@ def test_lockstep_order_favours_no_side(parts):
     log.clear()
     generate_lockstep(decs[:2], ids, 12, None)
     assert log[:6] == ["b", "a", "a", "b", "b", "a"]  # two sides: strict alternation of the order
+
+
+def test_cost_model_page_lists_every_mode_with_measured_and_modelled():
+    from specee.report import fig_cost_model
+    cm = lambda v, ok: {"modelled_speedup_vs_dense": v, "modelled_band": [v - 0.05, v + 0.05],  # noqa: E731
+                        "model_in_measured_ci": ok, "measured_in_model_band": ok, "unmodelled_share": 0.04,
+                        "gap_to_layer_ratio": [{"cost": "predictor", "layer_units_per_token": 2.5}],
+                        "predicted_gpu": {"method": "analytic X", "speedup_vs_dense": {"llama2_7b": 1.2,
+                                                                                      "llama2_13b": 1.3}}}
+    docs = [_speed("eagle", "eagle", 1.3, [1.2, 1.4], [], cost_model=cm(1.35, True)),
+            _speed("adainfer", "adainfer", 0.9, [0.85, 0.95], [], cost_model=cm(1.0, False)),
+            _speed("specee_t1", "specee", 0.9, [0.85, 0.95], [], cost_model={"failed": "RuntimeError: x"})]
+    _, md = fig_cost_model(docs)
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
+    assert "| 1.300 [1.200, 1.400] | 1.350 [1.30, 1.40] | yes | +4.0% | predictor 2.50 | 1.20 / 1.30 |" in rows["eagle"]
+    assert "| no |" in rows["adainfer"] and "specee_t1" not in rows  # a failed model is not drawn
