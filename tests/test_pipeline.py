@@ -182,11 +182,13 @@ def test_sweep_collect_and_report(micro, tmp_path):
     res = run_cli("experiment=report", f"sweep={tmp_path / 'sweep'}", f"experiment.out_dir={out}",
                   f"hydra.run.dir={tmp_path / 'r'}")
     assert res.returncode == 0, res.stderr[-2000:]
-    # cover + speedup per category + staircase (dense, T1) + exit distribution + context
-    # similarity + overhead; accuracy is skipped with its reason.
-    assert _pdf_pages(out / "report.pdf") == 6
+    # cover + speedup per category + staircase (dense, T1) + measured against modelled + exit
+    # distribution + context similarity + overhead + exits against the oracle; accuracy is skipped
+    # with its reason.
+    assert _pdf_pages(out / "report.pdf") == 8
     md = (out / "summary.md").read_text()
     assert "## Ablation staircase" in md and "Accuracy: no accuracy results" in md
+    assert "## Measured against modelled speedup" in md and "## Exits against the oracle" in md
     assert "bottom half by exit probability" in md and "oracle floor" in md and "vs HF generate" in md
     assert "× bandwidth floor" in md and "×) |" in md
 
