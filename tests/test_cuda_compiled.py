@@ -120,8 +120,9 @@ def test_compiled_per_layer_thresholds_decide_as_eager():
     spec = torch.tensor([1, 2, 3, 4])
     g = torch.Generator().manual_seed(0)
     hs = [torch.randn(1, 1, model.config.hidden_size, generator=g) for _ in range(12)]
-    logits = [float(bank.logit(1, features_from_logits(SpecProbe(ert, spec).logits(h), initial_p(4, spec))[0]))
-              for h in hs]
+    with torch.no_grad():
+        logits = [float(bank.logit(1, features_from_logits(SpecProbe(ert, spec).logits(h), initial_p(4, spec))[0]))
+                  for h in hs]
     mid = sorted(logits)[len(logits) // 2]
     bank.set_layer_thresholds([0.5, 1 / (1 + math.exp(-mid)), 0.5])
     for h in hs:
