@@ -11,6 +11,7 @@ compares with it and exits 2 beyond tolerance (:mod:`specee.evaluation.drift`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -81,6 +82,28 @@ def item_records(samples: dict) -> dict[str, dict]:
             recs = srow.get("specee") or []
             layers = round(sum(r["mean_layers"] for r in recs) / len(recs), 4) if recs else None
             items[str(srow["doc_id"])] = {"answer": answer, "loglik": loglik, "layers": layers}
+        out[task] = items
+    return out
+
+
+def per_item(metrics: dict, samples: dict) -> dict[str, dict]:
+    """Per task, per item (doc id): the primary metric's value for that item and the chosen answer,
+    so that two modes can be compared item by item (paired differences, answers changed). For
+    perplexity-like tasks the value is the document's bits per byte (its own, unweighted)."""
+    answers = item_records(samples)
+    out = {}
+    for task, rows in samples.items():
+        primary, items = metrics[task]["primary_metric"], {}
+        for srow in rows:
+            v = None
+            for name in srow.get("metrics", []):
+                if primary in (name, f"{name}_{srow.get('filter', 'none')}"):
+                    v = srow.get(name)
+            if isinstance(v, (list, tuple)) and len(v) == 2:  # (log-likelihood, bytes or words)
+                v = -float(v[0]) / max(float(v[1]), 1.0) / math.log(2)
+            if isinstance(v, bool) or isinstance(v, (int, float)):
+                doc = str(srow["doc_id"])
+                items[doc] = {"value": round(float(v), 6), "answer": answers[task][doc]["answer"]}
         out[task] = items
     return out
 
@@ -158,6 +181,7 @@ def run(cfg) -> dict:
     for name, logged in samples.items():
         with open(out / f"samples_{name}.jsonl", "w") as f:
             f.writelines(json.dumps(s, default=str) + "\n" for s in logged)
+    extra["items"] = per_item(metrics, samples)
     m = {"accuracy": metrics, "num_layers": rt.num_layers, "mode": cfg.ablation.mode,
          "eval_seconds": seconds}
     path = results.save(out, cfg, m, extra)

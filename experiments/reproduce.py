@@ -37,10 +37,13 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
     jobs += [(f"speed_{a}_compiled", [*speed(a), "runtime=compiled"]) for a in e.runtime_variants]
     if e.stats:
         jobs.append(("stats", ["experiment=stats", *data]))
+    groups = [("", e.accuracy_tasks, e.accuracy_limit), ("_perplexity", e.perplexity_tasks, e.perplexity_limit)]
     for a in e.accuracy_ablations:
-        jobs.append((f"accuracy_{a}", ["experiment=accuracy", f"ablation={a}",
-                                       f"experiment.tasks=[{','.join(e.accuracy_tasks)}]",
-                                       f"experiment.limit={e.accuracy_limit}"]))
+        for suffix, tasks, limit in groups:
+            if tasks:
+                jobs.append((f"accuracy_{a}{suffix}", ["experiment=accuracy", f"ablation={a}",
+                                                       f"experiment.tasks=[{','.join(tasks)}]",
+                                                       f"experiment.limit={limit}"]))
     return [(name, [*common, *args]) for name, args in jobs]
 
 

@@ -284,6 +284,10 @@ class ReproduceExperiment:
     accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
     accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa", "tinystories_ppl"])
     accuracy_limit: int = 40
+    # Tasks scored over whole documents (every token a decode step for the early-exit modes), run
+    # as their own job per ablation with their own item limit.
+    perplexity_tasks: list[str] = field(default_factory=list)
+    perplexity_limit: int = 40
     report_dir: Optional[str] = None
 
 
@@ -547,7 +551,8 @@ LIMITS: dict[type, dict[str, tuple]] = {
                                 "lr": (0.0, 1.0), "held_out_share": (0.0, 1.0), "target_precision": (0.0, 1.0),
                                 "threshold_min_fires": (1, INT_MAX)},
     StatsExperiment: {"max_n": (1, INT_MAX)},
-    ReproduceExperiment: {k: (1, INT_MAX) for k in ("count", "max_new_tokens", "accuracy_limit")},
+    ReproduceExperiment: {k: (1, INT_MAX) for k in ("count", "max_new_tokens", "accuracy_limit",
+                                                               "perplexity_limit")},
     AccuracyExperiment: {k: (1, INT_MAX) for k in ("limit", "max_gen_tokens", "max_length")},
     Config: {"threads": (1, INT_MAX)},
 }

@@ -302,6 +302,24 @@ def fig_overhead(docs):
     return fig, md
 
 
+def paired_change(dense: dict | None, mode: dict | None, scale: float = 100.0) -> dict | None:
+    """Item by item against dense (the same items): the mean difference of the per-item metric with
+    its 95 % interval (normal, paired: the items' own spread, not two independent samples), how
+    many answers changed, and how many items the mode got wrong that dense got right and back."""
+    if not dense or not mode:
+        return None
+    common = sorted(set(dense) & set(mode))
+    if len(common) < 2:
+        return None
+    diff = np.array([mode[i]["value"] - dense[i]["value"] for i in common]) * scale
+    half = 1.96 * diff.std(ddof=1) / np.sqrt(len(diff))
+    return {"n": len(common), "delta": float(diff.mean()), "lo": float(diff.mean() - half),
+            "hi": float(diff.mean() + half),
+            "changed": sum(mode[i]["answer"] != dense[i]["answer"] for i in common),
+            "worse": sum(mode[i]["value"] < dense[i]["value"] for i in common),
+            "better": sum(mode[i]["value"] > dense[i]["value"] for i in common)}
+
+
 def fig_accuracy(docs):
     """The paper's Table 4 layout: task x mode, the dense value beside the early-exit value, the
     difference, item counts, 95 % intervals and the layers used. Perplexity-like metrics (lower is
@@ -310,9 +328,12 @@ def fig_accuracy(docs):
     if not acc:
         raise Skip("no accuracy results (experiment=accuracy)")
     cell = defaultdict(dict)  # task -> mode -> metrics
+    items = defaultdict(dict)  # task -> mode -> per-item values and answers
     for d in acc:
         for task, m in d["metrics"]["accuracy"].items():
             cell[task][_name(d)] = m
+            if task in d.get("items", {}):
+                items[task][_name(d)] = d["items"][task]
     names = _order({n for t in cell.values() for n in t})
     tasks = sorted(cell)
 
@@ -340,6 +361,11 @@ def fig_accuracy(docs):
                 if dense is not None and n != "dense" else ""
             fmt = ".3f" if m.get("lower_is_better") else ".1f"
             lay = m.get("mean_layers")
+            pc = paired_change(items[t].get("dense"), items[t].get(n), 1 if m.get("lower_is_better") else 100) \
+                if n != "dense" else None
+            if pc and delta:
+                delta = f" ({pc['delta']:+.{3 if m.get('lower_is_better') else 1}f} [{pc['lo']:+.1f}, {pc['hi']:+.1f}])" \
+                    if not m.get("lower_is_better") else delta
             row.append(f"{value(m):{fmt}}{delta}" + (f"\n{lay:.1f} layers" if lay else ""))
         cells.append(row)
     fig, ax = plt.subplots(figsize=(min(16, 3 + 2.2 * len(names)), 1.5 + 0.6 * len(tasks)))
@@ -349,10 +375,12 @@ def fig_accuracy(docs):
     tab = ax.table(cellText=cells, rowLabels=labels, colLabels=names, loc="center", cellLoc="center")
     tab.scale(1, 2.2)
     tab.set_fontsize(8)
-    ax.set_title(f"Accuracy (%, or the task's metric), Δ vs dense, mean layers used (cf. paper Table 4)\n"
+    ax.set_title(f"Accuracy (%, or the task's metric), Δ vs dense [95 % CI, paired over items], mean layers used "
+                 f"(cf. paper Table 4)\n"
                  f"{_stamp(acc)}", fontsize=10)
-    md = ("| task | metric | mode | dense | mode value | Δ | n | 95% CI (mode) | avg layers (mode / dense) |\n"
-          "|---|---|---|---|---|---|---|---|---|\n")
+    md = ("| task | metric | mode | dense | mode value | Δ | Δ 95% CI (paired) | answers changed (→ wrong / → right) "
+          "| n | 95% CI (mode) | avg layers (mode / dense) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|\n")
     for t in tasks:
         dense = cell[t].get("dense")
         for n in names:
@@ -366,11 +394,38 @@ def fig_accuracy(docs):
             delta = f"{value(m) - value(dense):+{fmt}}" if dense and n != "dense" else "–"
             lay = m.get("mean_layers")
             dlay = dense.get("mean_layers") if dense else None
+            pc = paired_change(items[t].get("dense"), items[t].get(n), 1 if low else 100) if n != "dense" else None
+            pci = f"[{pc['lo']:+{fmt}}, {pc['hi']:+{fmt}}]" if pc else "–"
+            chg = (f"{pc['changed']} ({pc['worse']} / {pc['better']})" if pc and not low else "–")
             md += (f"| {t} | {m.get('primary_metric', 'acc')}{' (lower better)' if low else ' (%)'} | {n} | {dv} | "
-                   f"{value(m):{fmt}} | {delta} | {m.get('n', '–')} | "
+                   f"{value(m):{fmt}} | {delta} | {pci} | {chg} | {m.get('n', '–')} | "
                    f"{f'[{c[0]:{fmt}}, {c[1]:{fmt}}]' if c else '–'} | "
                    f"{f'{lay:.2f}' if lay else '–'} / {f'{dlay:.2f}' if dlay else '–'} |\n")
-    return fig, md
+    return fig, md + _published_table(acc, cell)
+
+
+def _published_table(acc, cell) -> str:
+    """Dense accuracies beside the figures published for the same model, and what differs."""
+    from specee.evaluation import published
+    models = sorted({d["config"]["model"]["name"] for d in acc if d.get("config")})
+    md = ""
+    for model in models:
+        pub = published.load(model)
+        if not pub:
+            continue
+        md += (f"\n**{model}: dense against published figures** (%; ours on the shipped items, n as above)\n\n"
+               "| task | ours ± 95% CI (metric) | published | source | note |\n|---|---|---|---|---|\n")
+        for task, entries in sorted(pub["tasks"].items()):
+            dense = cell.get(task, {}).get("dense")
+            for e in entries:
+                ours = dense.get(e["compare_with"]) if dense else None
+                se = dense.get(f"{e['compare_with']}_stderr") if dense else None
+                ci = f" ± {196 * se:.1f}" if se is not None and ours is not None else ""
+                md += (f"| {task} | {f'{100 * ours:.1f}{ci}' if ours is not None else '–'} ({e['compare_with']}) | "
+                       f"{e['value']:.1f} | {e['source']} | {e.get('note', '')} |\n")
+        md += "\n" + "".join(f"- `{k}`: {v['title']} ({v['url']}); differs: {v['differs']}\n"
+                              for k, v in pub["sources"].items())
+    return md
 
 
 def fig_runtime(docs):

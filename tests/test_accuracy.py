@@ -158,6 +158,10 @@ def test_accuracy_run_end_to_end(micro, tmp_path):  # noqa: F811
         assert len((tmp_path / f"samples_{task}.jsonl").read_text().splitlines()) == 4
     assert acc["copa"]["acc"] == acc["copa"]["accuracy"] and acc["copa"]["requests"] == 8
     assert acc["gsm8k"]["primary_metric"] == "exact_match_final_number"
+    for task in ("copa", "gsm8k", "sst2_gen"):  # per-item records: their mean is the task's accuracy
+        items = doc["items"][task]
+        assert len(items) == 4 and abs(sum(i["value"] for i in items.values()) / 4 - acc[task]["accuracy"]) < 1e-9
+    assert all(i["value"] > 0 for i in doc["items"]["tinystories_ppl"].values())  # each story's bits per byte
     again = run_cli(*args)
     assert again.returncode == 0 and "skipping" in again.stdout
 

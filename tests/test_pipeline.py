@@ -217,3 +217,21 @@ def test_reproduce_plan_covers_the_ablations():
     jobs = dict(plan(cfg))
     assert "runtime=compiled" in jobs["speed_eagle_compiled"] and "ablation=eagle" in jobs["speed_eagle_compiled"]
     assert not any(a.startswith("runtime=") for a in jobs["speed_eagle"])
+
+
+def test_reproduce_plan_runs_perplexity_tasks_as_their_own_job_with_their_own_limit():
+    from omegaconf import OmegaConf
+
+    from experiments.reproduce import plan
+    from specee.config import Config, ReproduceExperiment
+    cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment(
+        accuracy_ablations=["dense", "specee_t1_t2_tuned"], accuracy_tasks=["piqa", "winogrande"], accuracy_limit=200,
+        perplexity_tasks=["tinystories_ppl"], perplexity_limit=20)))
+    cfg.model = {"name": "smollm2_135m", "path": None}
+    jobs = {n: a for n, a in plan(cfg) if n.startswith("accuracy_")}
+    assert list(jobs) == ["accuracy_dense", "accuracy_dense_perplexity", "accuracy_specee_t1_t2_tuned",
+                          "accuracy_specee_t1_t2_tuned_perplexity"]
+    assert "experiment.tasks=[piqa,winogrande]" in jobs["accuracy_dense"] and "experiment.limit=200" in jobs["accuracy_dense"]
+    ppl = jobs["accuracy_specee_t1_t2_tuned_perplexity"]
+    assert "experiment.tasks=[tinystories_ppl]" in ppl and "experiment.limit=20" in ppl
+    assert "ablation=specee_t1_t2_tuned" in ppl

@@ -26,10 +26,53 @@ def test_table_4_page_puts_dense_beside_each_mode_with_delta_n_interval_and_laye
     fig, md = fig_accuracy([dense, ee])
     rows = {tuple(c.strip() for c in line.split("|")[1:4]): line for line in md.splitlines()[2:]}
     boolq = rows[("boolq", "acc (%)", "specee_t1_t2")]
-    assert "| 60.0 | 55.0 | -5.0 | 100 | [45.2, 64.8] | 25.50 / 32.00 |" in boolq
+    assert "| 60.0 | 55.0 | -5.0 | – | – | 100 | [45.2, 64.8] | 25.50 / 32.00 |" in boolq  # no per-item records
     ppl = rows[("tinystories_ppl", "bits_per_byte (lower better)", "specee_t1_t2")]
-    assert "| 1.400 | 1.450 | +0.050 | 20 | – | 24.00 / 32.00 |" in ppl
+    assert "| 1.400 | 1.450 | +0.050 | – | – | 20 | – | 24.00 / 32.00 |" in ppl
     assert not any(k[2] == "dense" for k in rows)  # dense is the reference column, not a row
+
+
+def test_table_4_page_pairs_items_for_the_delta_interval_and_counts_changed_answers():
+    m = {"primary_metric": "acc", "lower_is_better": False, "n": 8, "accuracy_stderr": 0.1}
+    right = [1, 1, 1, 1, 0, 0, 1, 0]  # dense: 5 of 8
+    mode = [1, 0, 1, 0, 0, 1, 1, 0]  # two lost (items 1, 3), one gained (item 5): 4 of 8
+    items = lambda vals, answers: {"boolq": {str(i): {"value": float(v), "answer": a}  # noqa: E731
+                                             for i, (v, a) in enumerate(zip(vals, answers))}}
+    dense = doc("dense", "dense", {"boolq": {**m, "accuracy": 5 / 8}})
+    dense["items"] = items(right, [0, 0, 0, 0, 1, 1, 0, 1])
+    ee = doc("specee_t1_t2", "specee", {"boolq": {**m, "accuracy": 4 / 8}})
+    ee["items"] = items(mode, [0, 1, 0, 1, 1, 0, 0, 0])  # item 7 changes its answer and stays wrong
+    _, md = fig_accuracy([dense, ee])
+    row = next(line for line in md.splitlines() if "| specee_t1_t2 |" in line)
+    diff = [m_ - d for m_, d in zip(mode, right)]
+    import statistics
+    half = 1.96 * statistics.stdev(diff) / len(diff) ** 0.5 * 100
+    assert f"| -12.5 | [{-12.5 - half:+.1f}, {-12.5 + half:+.1f}] | 4 (2 / 1) |" in row
+    assert "published" not in md  # tiny has no published figures
+
+
+def test_published_figures_sit_beside_dense_with_their_sources():
+    m = {"primary_metric": "acc", "lower_is_better": False, "n": 200}
+    dense = doc("dense", "dense", {"piqa": {**m, "accuracy": 0.6, "acc": 0.6, "acc_norm": 0.655,
+                                            "acc_norm_stderr": 0.0336}})
+    dense["config"]["model"]["name"] = "smollm2_135m"
+    _, md = fig_accuracy([dense])
+    assert "| piqa | 65.5 ± 6.6 (acc_norm) | 66.3 | card |" in md
+    assert "| hellaswag | – (acc_norm) | 40.9 | card |" in md  # not evaluated: no value of ours
+    assert "huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct" in md and "differs:" in md
+
+
+def test_a_malformed_published_file_is_one_clear_error(tmp_path, monkeypatch):
+    import pytest
+
+    from specee.errors import SpeceeError
+    from specee.evaluation import published
+    (tmp_path / "m.json").write_text('{"model": "m", "sources": {"a": {}}, "tasks": {"piqa": [{"source": "b", '
+                                     '"value": 1, "compare_with": "acc"}]}}')
+    monkeypatch.setattr(published, "FOLDER", tmp_path)
+    with pytest.raises(SpeceeError, match="task piqa has an entry without a known source"):
+        published.load("m")
+    assert published.load("absent") is None
 
 
 def speed_doc(name, mode, kind, ms, eager_ms=None):
