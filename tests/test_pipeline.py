@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 
 MICRO_BASE = ["experiment.vocab_size=512", "experiment.hidden_size=32", "experiment.intermediate_size=64",
               "experiment.num_layers=4", "experiment.num_heads=2", "experiment.num_kv_heads=1",
@@ -235,3 +235,20 @@ def test_reproduce_plan_runs_perplexity_tasks_as_their_own_job_with_their_own_li
     ppl = jobs["accuracy_specee_t1_t2_tuned_perplexity"]
     assert "experiment.tasks=[tinystories_ppl]" in ppl and "experiment.limit=20" in ppl
     assert "ablation=specee_t1_t2_tuned" in ppl
+
+
+def test_smollm2_reproduction_preset_plans_the_committed_report():
+    from hydra import compose, initialize_config_dir
+
+    from experiments.reproduce import plan
+    from specee.config import register
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=["experiment=reproduce_smollm2_135m", "model=smollm2_135m"])
+    jobs = dict(plan(cfg))
+    assert cfg.experiment.name == "smollm2_135m"
+    for a in ("dense", "specee_t1_t2", "specee_t1_t2_tuned"):
+        assert "experiment.limit=200" in jobs[f"accuracy_{a}"]
+        assert "experiment.tasks=[tinystories_ppl]" in jobs[f"accuracy_{a}_perplexity"]
+    assert "speed_eagle_compiled" in jobs and "speed_specee_full_compiled" in jobs
+    assert not any(n.endswith(("_propagate", "_independent")) for n in jobs)
