@@ -131,7 +131,7 @@ def test_loglikelihoods_equal_lm_eval_hf_model(smollm2, tmp_path, monkeypatch):
     assert n >= 3 * (2 + 2 + 4) - 4  # every choice of every item compared (ARC items have 3-5 choices)
 
 
-@pytest.mark.parametrize("ablation", ["eagle", "specee_t1_t2"])
+@pytest.mark.parametrize("ablation", ["eagle", "specee_t1_t2", "specee_t1_t2_tuned"])
 def test_specee_and_eagle_run_with_the_committed_smollm2_artifacts(smollm2_path, ablation, tmp_path):
     """The committed draft head, predictors and exit profile load for the real model (their
     fingerprints match the converted checkpoint) and decode: EAGLE stays lossless, SpecEE exits."""
