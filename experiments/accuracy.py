@@ -41,6 +41,7 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
     lm.records.clear()
     t0 = time.perf_counter()
     out = simple_evaluate(model=lm, tasks=names, task_manager=tm, num_fewshot=e.num_fewshot,
+                          apply_chat_template=bool(e.chat_template),
                           limit=e.limit, log_samples=True, random_seed=cfg.seed,
                           numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
                           fewshot_random_seed=cfg.seed)
@@ -147,6 +148,9 @@ def run(cfg) -> dict:
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model(cfg.model)
     rt = build_runtime(cfg.runtime, model)
+    if e.chat_template and not getattr(tokenizer, "chat_template", None):
+        raise SpeceeError(f"experiment.chat_template=true, but the tokenizer of {cfg.model.name} carries no chat "
+                          f"template; set experiment.chat_template=false (plain-text prompts)")
     lm = SpeceeLM(build_decoder(cfg, rt), tokenizer, e.max_gen_tokens, e.max_length, e.on_overflow)
     metrics, samples, seconds = evaluate(cfg, lm, names, tm)
     seconds = [seconds]
@@ -156,6 +160,7 @@ def run(cfg) -> dict:
             print(f"warning: {overlap} evaluated gsm8k items were calibration prompts of the predictors")
 
     settings = {"limit": e.limit, "num_fewshot": e.num_fewshot, "fewshot_pool": FEWSHOT_POOL,
+                "chat_template": bool(e.chat_template),
                 "task_source": e.task_source, "include_path": str(include) if include else None,
                 "seed": cfg.seed, "max_gen_tokens": e.max_gen_tokens, "max_length": lm.max_length,
                 "on_overflow": e.on_overflow, "dtype": cfg.model.dtype}

@@ -37,13 +37,15 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
     jobs += [(f"speed_{a}_compiled", [*speed(a), "runtime=compiled"]) for a in e.runtime_variants]
     if e.stats:
         jobs.append(("stats", ["experiment=stats", *data]))
-    groups = [("", e.accuracy_tasks, e.accuracy_limit), ("_perplexity", e.perplexity_tasks, e.perplexity_limit)]
+    groups = [("", e.accuracy_tasks, e.accuracy_limit, []),
+              ("_perplexity", e.perplexity_tasks, e.perplexity_limit, []),
+              ("_chat", e.chat_tasks, e.accuracy_limit, ["experiment.chat_template=true"])]
     for a in e.accuracy_ablations:
-        for suffix, tasks, limit in groups:
+        for suffix, tasks, limit, more in groups:
             if tasks:
                 jobs.append((f"accuracy_{a}{suffix}", ["experiment=accuracy", f"ablation={a}",
                                                        f"experiment.tasks=[{','.join(tasks)}]",
-                                                       f"experiment.limit={limit}"]))
+                                                       f"experiment.limit={limit}", *more]))
     return [(name, [*common, *args]) for name, args in jobs]
 
 

@@ -288,6 +288,9 @@ class ReproduceExperiment:
     # as their own job per ablation with their own item limit.
     perplexity_tasks: list[str] = field(default_factory=list)
     perplexity_limit: int = 40
+    # Tasks run with experiment.chat_template=true (generative tasks an instruct model answers as
+    # the assistant), as their own job per ablation with accuracy_limit items.
+    chat_tasks: list[str] = field(default_factory=list)
     report_dir: Optional[str] = None
 
 
@@ -307,6 +310,9 @@ class AccuracyExperiment:
     drift_gate: str = "auto"  # exact (per item) | interval (accuracy) | auto: exact on the baseline's machine class
     include_path: Optional[str] = None  # a folder of your own lm-eval task YAMLs
     task_source: str = "shipped"  # shipped (offline) | lm_eval (also lm-eval's registry: network or HF cache)
+    # Wrap every request in the tokenizer's own chat template (lm-eval's apply_chat_template): an
+    # instruct model then answers as the assistant. Off: plain-text prompts (the model cards' setting).
+    chat_template: bool = False
 
 
 @dataclass

@@ -249,3 +249,11 @@ def test_tiny_accuracy_matches_committed_baseline(ablation, tmp_path):
                   f"experiment.max_gen_tokens={s['max_gen_tokens']}", f"seed={s['seed']}",
                   "experiment.check_baseline=true", f"hydra.run.dir={tmp_path}", *QUIET, timeout=3600)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+
+
+def test_chat_template_on_a_tokenizer_without_one_is_one_clear_error(micro, tmp_path):  # noqa: F811
+    _, paths = micro
+    res = run_cli("experiment=accuracy", "ablation=dense", *paths, "experiment.tasks=[boolq_gen_flex]",
+                  "experiment.limit=2", "experiment.chat_template=true", f"hydra.run.dir={tmp_path}", *QUIET)
+    assert res.returncode != 0 and "carries no chat template" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "results.json").exists()

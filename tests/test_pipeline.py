@@ -252,3 +252,6 @@ def test_smollm2_reproduction_preset_plans_the_committed_report():
         assert "experiment.tasks=[tinystories_ppl]" in jobs[f"accuracy_{a}_perplexity"]
     assert "speed_eagle_compiled" in jobs and "speed_specee_full_compiled" in jobs
     assert not any(n.endswith(("_propagate", "_independent")) for n in jobs)
+    chat = jobs["accuracy_specee_t1_t2_tuned_chat"]
+    assert "experiment.chat_template=true" in chat and "experiment.tasks=[boolq_gen_flex,sst2_gen_flex]" in chat
+    assert not any("chat_template" in a for a in jobs["accuracy_dense"])

@@ -145,3 +145,28 @@ def test_specee_and_eagle_run_with_the_committed_smollm2_artifacts(smollm2_path,
         assert m["match_rate_vs_dense"] == 1.0 and m["mean_accepted_length"] > 1.0
     else:
         assert m["avg_layers"] < 30 and m["predictor_calls_per_token"] > 0 and m["fire_precision"] > 0
+
+
+def test_chat_template_requests_equal_lm_eval_hf_model(smollm2, tmp_path, monkeypatch):
+    """experiment.chat_template=true: the same chat-formatted prompts as lm-eval's own ``hf`` model
+    with apply_chat_template, and the same greedy answers, read by the flexible label filter."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from specee.evaluation import registry
+    from specee.evaluation.lm import SpeceeLM
+    for k, v in dict(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache")).items():
+        monkeypatch.setenv(k, v)
+    model, tok = smollm2
+    tasks = ["boolq_gen_flex", "sst2_gen_flex"]
+    tm = registry.task_manager(tasks, DATA_ROOT, tmp_path / "tasks", None, "shipped")
+    runs = {}
+    for name, lm in (("specee", SpeceeLM(DenseDecoder(LayerwiseLM(model)), tok)),
+                     ("hf", HFLM(pretrained=model, tokenizer=tok, batch_size=1, device="cpu"))):
+        out = simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=3, log_samples=True,
+                              apply_chat_template=True, random_seed=0, numpy_random_seed=0,
+                              torch_random_seed=0, fewshot_random_seed=0)
+        runs[name] = {t: [(s["arguments"], s["resps"], s["filtered_resps"]) for s in out["samples"][t]] for t in tasks}
+    for t in tasks:
+        assert runs["specee"][t] == runs["hf"][t], t
+        prompts = [str(a) for a, _, _ in runs["specee"][t]]
+        assert all("<|im_start|>assistant" in p for p in prompts)

@@ -55,6 +55,18 @@ class SpeceeLM(LM):
         # "indexing errors" warning would read as a bug, so it is silenced here.
         return self.tokenizer.encode(text, verbose=False)
 
+    # -- chat template (lm-eval's apply_chat_template=True: instruct models answer as assistant) --
+    @property
+    def tokenizer_name(self) -> str:
+        return getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None) if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         if not context:
             cont = self.tokenizer.encode(continuation, add_special_tokens=False, verbose=False)
