@@ -112,7 +112,8 @@ def test_tasks_load_offline_with_a_disjoint_fewshot_pool(tmp_path):
     from specee.evaluation.tasks.utils import FEWSHOT_POOL
     names = registry.available()
     assert names == sorted(["boolq", "piqa", "hellaswag", "arc_easy", "arc_challenge", "winogrande",
-                            "copa", "sst2", "gsm8k", "sst2_gen", "boolq_gen", "tinystories_ppl"])
+                            "copa", "sst2", "gsm8k", "sst2_gen", "boolq_gen", "sst2_gen_flex", "boolq_gen_flex",
+                            "tinystories_ppl"])
     tm = registry.task_manager(names, DATA, tmp_path)
     assert sorted(tm.all_tasks) == names  # include_defaults=False: nothing but ours
     for name, task in tm.load(names)["tasks"].items():
