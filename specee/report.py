@@ -336,6 +336,9 @@ def fig_accuracy(docs):
                 items[task][_name(d)] = d["items"][task]
     names = _order({n for t in cell.values() for n in t})
     tasks = sorted(cell)
+    paired = {(t, n): paired_change(items[t].get("dense"), items[t][n],
+                                    1 if cell[t][n].get("lower_is_better") else 100)
+              for t in tasks for n in items[t] if n != "dense"}
 
     def value(m):
         v = m.get("accuracy", m.get("acc", m.get("exact_match")))
@@ -361,11 +364,9 @@ def fig_accuracy(docs):
                 if dense is not None and n != "dense" else ""
             fmt = ".3f" if m.get("lower_is_better") else ".1f"
             lay = m.get("mean_layers")
-            pc = paired_change(items[t].get("dense"), items[t].get(n), 1 if m.get("lower_is_better") else 100) \
-                if n != "dense" else None
-            if pc and delta:
-                delta = f" ({pc['delta']:+.{3 if m.get('lower_is_better') else 1}f} [{pc['lo']:+.1f}, {pc['hi']:+.1f}])" \
-                    if not m.get("lower_is_better") else delta
+            pc = paired.get((t, n))
+            if pc and delta and not m.get("lower_is_better"):  # the paired interval beside the Δ
+                delta = f"{delta[:-1]} [{pc['lo']:+.1f}, {pc['hi']:+.1f}])"
             row.append(f"{value(m):{fmt}}{delta}" + (f"\n{lay:.1f} layers" if lay else ""))
         cells.append(row)
     fig, ax = plt.subplots(figsize=(min(16, 3 + 2.2 * len(names)), 1.5 + 0.6 * len(tasks)))
@@ -394,7 +395,7 @@ def fig_accuracy(docs):
             delta = f"{value(m) - value(dense):+{fmt}}" if dense and n != "dense" else "–"
             lay = m.get("mean_layers")
             dlay = dense.get("mean_layers") if dense else None
-            pc = paired_change(items[t].get("dense"), items[t].get(n), 1 if low else 100) if n != "dense" else None
+            pc = paired.get((t, n))
             pci = f"[{pc['lo']:+{fmt}}, {pc['hi']:+{fmt}}]" if pc else "–"
             chg = (f"{pc['changed']} ({pc['worse']} / {pc['better']})" if pc and not low else "–")
             md += (f"| {t} | {m.get('primary_metric', 'acc')}{' (lower better)' if low else ' (%)'} | {n} | {dv} | "
