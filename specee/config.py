@@ -41,6 +41,10 @@ class DraftConfig:
     name: str = MISSING  # eagle | none
     # specee draft folder (experiment=train_draft) or an EAGLE-1 checkpoint folder
     path: Optional[str] = None
+    # N > 0: the draft proposes only from the N tokens the model writes most often (FR-Spec; the
+    # folder's draft_vocab.json from experiment=draft_vocab); verification stays full-vocabulary.
+    # 0: the full vocabulary.
+    vocab_size: int = 0
 
 
 @dataclass
@@ -237,6 +241,15 @@ class TrainPredictorsExperiment:
 
 
 @dataclass
+class DraftVocabExperiment:
+    """The draft head's reduced-vocabulary table (draft.vocab_size=N reads it)."""
+    _target_: str = "experiments.draft_vocab.run"
+    out_dir: str = "${draft.path}"
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    held_out_share: float = 0.2  # of prompts: coverage is reported on them, counts come from the rest
+
+
+@dataclass
 class ProfileExitsExperiment:
     _target_: str = "experiments.profile_exits.run"
     out_dir: str = "${placement.profile_path}"
@@ -354,6 +367,7 @@ SCHEMAS = {
     ("experiment", "train_predictors_schema"): TrainPredictorsExperiment,
     ("experiment", "accuracy_schema"): AccuracyExperiment,
     ("experiment", "profile_exits_schema"): ProfileExitsExperiment,
+    ("experiment", "draft_vocab_schema"): DraftVocabExperiment,
     ("experiment", "stats_schema"): StatsExperiment,
     ("experiment", "collect_schema"): CollectExperiment,
     ("experiment", "reproduce_schema"): ReproduceExperiment,
@@ -423,7 +437,10 @@ def validate(cfg) -> None:
     if a.mode == "eagle" and a.decoding != "tree":
         raise SpeceeError("ablation.mode=eagle is tree speculative decoding; set ablation.decoding=tree")
     needs_draft = a.mode in ("specee", "eagle") or cfg.experiment._target_.split(".")[1] in (
-        "train_predictors", "profile_exits", "stats")
+        "train_predictors", "profile_exits", "stats", "draft_vocab")
+    if cfg.draft.vocab_size and cfg.draft.name == "none":
+        raise SpeceeError("draft.vocab_size reduces a draft head's vocabulary; draft=none has none "
+                          "(use draft=eagle, or draft.vocab_size=0)")
     if needs_draft and cfg.draft.name == "none":
         raise SpeceeError(f"ablation={cfg.ablation.name} needs a draft head; use draft=eagle "
                           "(draft.path=... for an EAGLE-1 checkpoint)")
@@ -557,6 +574,7 @@ LIMITS: dict[type, dict[str, tuple]] = {
                                 "lr": (0.0, 1.0), "held_out_share": (0.0, 1.0), "target_precision": (0.0, 1.0),
                                 "threshold_min_fires": (1, INT_MAX)},
     StatsExperiment: {"max_n": (1, INT_MAX)},
+    DraftVocabExperiment: {"held_out_share": (0.0, 0.5)},
     ReproduceExperiment: {k: (1, INT_MAX) for k in ("count", "max_new_tokens", "accuracy_limit",
                                                                "perplexity_limit")},
     AccuracyExperiment: {k: (1, INT_MAX) for k in ("limit", "max_gen_tokens", "max_length")},

@@ -14,7 +14,7 @@ from specee.errors import SpeceeError
 from specee.io import project_path
 
 # Recipes that load the configured model; which artifacts each reads is decided below.
-_LOADS_MODEL = ("speed", "accuracy", "stats", "train_predictors", "profile_exits", "train_draft")
+_LOADS_MODEL = ("speed", "accuracy", "stats", "train_predictors", "profile_exits", "train_draft", "draft_vocab")
 
 
 @dataclass
@@ -113,6 +113,9 @@ def preflight(cfg) -> None:
     if uses_draft and (ee.k > shape.vocab_size):
         raise SpeceeError(f"early_exit.k={ee.k} exceeds the vocabulary of model={cfg.model.name} "
                           f"({shape.vocab_size} tokens); use a smaller top-K")
+    if uses_draft and cfg.draft.vocab_size > shape.vocab_size:
+        raise SpeceeError(f"draft.vocab_size={cfg.draft.vocab_size} exceeds the vocabulary of model={cfg.model.name} "
+                          f"({shape.vocab_size} tokens); use a smaller N, or 0 for the full vocabulary")
     cards = {}
     if random_init:  # random stand-ins replace the draft, predictors and SVM (their cost only)
         uses_draft = uses_bank = False
@@ -120,6 +123,9 @@ def preflight(cfg) -> None:
         from specee.models.draft import check_draft
         cards["draft head"] = (check_draft(project_path(cfg.draft.path), shape.num_layers, shape.hidden_size),
                                cfg.draft.path)
+        if cfg.draft.vocab_size:
+            from specee.models.draft_vocab import read_table, reduced_ids
+            reduced_ids(read_table(project_path(cfg.draft.path), shape.vocab_size), cfg.draft.vocab_size)
     if uses_bank:
         from specee.early_exit.predictor import PredictorBank
         cards["predictors"] = (PredictorBank.check(project_path(ee.predictors_path), shape.num_layers, ee.k,

@@ -51,6 +51,8 @@ def synthetic_inputs(cfg) -> dict:
         mode = cfg.ablation.mode
         if mode in ("specee", "eagle"):
             out["draft"] = "random weights of the draft head's shape"
+            if cfg.draft.get("vocab_size"):
+                out["draft_vocab"] = f"the first {cfg.draft.vocab_size} token ids (no frequency table for random weights)"
         if mode == "specee":
             out["predictors"] = "random weights of the predictors' shape"
         if mode == "adainfer":

@@ -57,6 +57,9 @@ class OracleDraft:
                 row[order] = torch.linspace(10, -10, len(order))
         return out.view(*f_hat.shape[:-1], -1)
 
+    def topk(self, f_hat, k):  # the draft head's proposal verb, over these logits
+        return self.logits(f_hat).topk(k, -1).indices
+
 
 def test_tree_indices_of_a_hand_built_tree():
     t = build(HAND)

@@ -21,8 +21,10 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
         from specee.models.draft import DraftHead, load_draft
         if random_init:
             draft = DraftHead(rt.config).attach(rt).eval()
+            if cfg.draft.vocab_size:  # the cost of a reduced head; which ids does not matter (synthetic)
+                draft.restrict_vocab(list(range(cfg.draft.vocab_size)))
         else:
-            draft, card = load_draft(project_path(cfg.draft.path), rt)
+            draft, card = load_draft(project_path(cfg.draft.path), rt, cfg.draft.vocab_size)
             check_trained_for(card, cfg.draft.path, rt.model, "draft head")
     if mode == "specee":
         from specee.early_exit.predictor import PredictorBank

@@ -72,7 +72,7 @@ class SpecEEDecoder(LoopDecoder):
     @torch.inference_mode()
     def propose(self, token, f_prev, dcache):
         f_hat = self.draft(token.view(1, 1), f_prev, dcache)
-        return self.draft.logits(f_hat)[0, -1].topk(self.k).indices
+        return self.draft.topk(f_hat[0, -1], self.k)
 
     @torch.inference_mode()
     def step(self, s: ARSession) -> Step:

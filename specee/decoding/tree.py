@@ -152,7 +152,7 @@ class TreeDecoder(LoopDecoder):
                         torch.stack([f_hat[tr.parent[v]] for v in level])[None], dcache, pos,
                         rt._additive_mask(base, len(level), allowed))
                 f_hat.update({v: out[0, j] for j, v in enumerate(level)})
-            top = timer.host_list(d.logits(torch.stack([f_hat[v] for v in level])).topk(width, -1).indices)
+            top = timer.host_list(d.topk(torch.stack([f_hat[v] for v in level]), width))
             for v, t in zip(level, top):
                 for c in tr.children[v]:
                     tokens[c] = t[tr.rank[c]]

@@ -40,6 +40,7 @@ class DraftHead(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=True)
         self._layer_cls = None
         self.layer = None  # built by attach(): needs the base model's decoder-layer class
+        self.reduced = None  # a ReducedHead (draft.vocab_size=N): proposals from N tokens only
 
     def attach(self, rt: LayerwiseLM) -> "DraftHead":
         """Build the decoder layer with the base model's layer class and bind shared modules."""
@@ -80,7 +81,20 @@ class DraftHead(nn.Module):
         return out
 
     def logits(self, f_hat: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits (training and agreement checks)."""
         return self.rt.lm_head(f_hat)
+
+    def topk(self, f_hat: torch.Tensor, k: int) -> torch.Tensor:
+        """The k proposed token ids per position: over the reduced vocabulary when one is set
+        (:mod:`specee.models.draft_vocab`), else over the full LM head."""
+        if self.reduced is not None:
+            return self.reduced.topk(f_hat, k)
+        return self.rt.lm_head(f_hat).topk(k, -1).indices
+
+    def restrict_vocab(self, ids: list[int]) -> "DraftHead":
+        from specee.models.draft_vocab import ReducedHead
+        self.reduced = ReducedHead(self.rt.lm_head, ids)
+        return self
 
     # -- persistence ------------------------------------------------------------------------
     def save(self, folder: Path, card: dict) -> None:
@@ -124,8 +138,10 @@ def check_draft(path: str | Path, num_layers: int, hidden_size: int) -> dict:
     return card
 
 
-def load_draft(path: str | Path, rt: LayerwiseLM) -> tuple[DraftHead, dict]:
-    """Load a specee draft folder or an EAGLE-1 checkpoint folder for the base model ``rt``."""
+def load_draft(path: str | Path, rt: LayerwiseLM, vocab_size: int = 0) -> tuple[DraftHead, dict]:
+    """Load a specee draft folder or an EAGLE-1 checkpoint folder for the base model ``rt``;
+    ``vocab_size`` N > 0 restricts its proposals to the N most frequent tokens of the folder's
+    frequency table (:mod:`specee.models.draft_vocab`)."""
     folder = Path(path)
     card = check_draft(folder, rt.num_layers, rt.config.hidden_size)
     head = DraftHead(rt.config).attach(rt)
@@ -137,6 +153,12 @@ def load_draft(path: str | Path, rt: LayerwiseLM) -> tuple[DraftHead, dict]:
         raise SpeceeError(f"draft checkpoint {folder} does not fit this base model: "
                           f"missing {missing[:4]}, wrong shape {wrong[:4]}")
     head.load_state_dict({k: state[k].to(rt.dtype) for k in own})
+    if vocab_size:
+        from specee.models.draft_vocab import coverage_of, read_table, reduced_ids
+        table = read_table(folder, rt.lm_head.weight.shape[0])
+        head.restrict_vocab(reduced_ids(table, vocab_size))
+        card = {**card, "reduced_vocab": {"size": vocab_size, "held_out_coverage": coverage_of(table, vocab_size),
+                                          "table": str(folder / "draft_vocab.json")}}
     return head.eval(), card
 
 
