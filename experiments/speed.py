@@ -363,6 +363,8 @@ def run(cfg) -> dict:
     if getattr(decoder, "tree", None) is not None:  # both mappings' costs for this tree (paper §6)
         from specee.decoding.tree_shape import describe
         m["tree_shape"] = describe(decoder.tree)
+        if getattr(decoder, "tree_choice", None):  # ablation.tree_select=auto: what was chosen and why
+            m["tree_choice"] = decoder.tree_choice
     if cfg.experiment.compare_hf_generate:
         dense_total = sum(g.prefill_s + g.decode_s for g in dense_gens)
         m["hf_generate_ratio"] = dense_total / hf_s

@@ -88,6 +88,12 @@ class AblationConfig:
     # merged: an exit needs all hyper-tokens through the walk's last node to fire (all_paths), or
     # one of them (any_path)
     tree_exit_rule: str = "all_paths"
+    # fixed: `tree` as given | auto: the tree with the most expected tokens per unit time, from the
+    # block costs c(n) and draft-level costs measured here and the draft's acceptance by depth and
+    # rank on calibration prompts (specee/decoding/tree_select.py); the choice goes into the result
+    tree_select: str = "fixed"
+    tree_max_nodes: int = 32  # auto: the largest tree considered (nodes besides the root)
+    tree_calibration_prompts: int = 8  # auto: calibration prompts the acceptance is measured on
 
 
 @dataclass
@@ -434,6 +440,12 @@ def validate(cfg) -> None:
         raise SpeceeError(f"ablation.tree_exit_rule={a.tree_exit_rule!r} is unknown; valid: all_paths, any_path")
     if a.decoding == "tree" and a.mode not in ("specee", "eagle"):
         raise SpeceeError(f"ablation.decoding=tree needs a draft-based mode (eagle, specee), not {a.mode}")
+    if a.tree_select == "auto" and not (a.mode == "eagle" or (a.mode == "specee" and a.decoding == "tree")):
+        raise SpeceeError(f"ablation.tree_select=auto chooses a draft tree; ablation={a.name} decodes without one "
+                          "(use eagle or a tree SpecEE ablation such as specee_full)")
+    if a.tree_select == "auto" and cfg.runtime.kind == "compiled" and a.tree_max_nodes + 1 > cfg.runtime.max_block:
+        raise SpeceeError(f"ablation.tree_max_nodes={a.tree_max_nodes} needs blocks of {a.tree_max_nodes + 1} tokens, "
+                          f"beyond runtime.max_block={cfg.runtime.max_block}; lower one or raise the other")
     if a.mode == "eagle" and a.decoding != "tree":
         raise SpeceeError("ablation.mode=eagle is tree speculative decoding; set ablation.decoding=tree")
     needs_draft = a.mode in ("specee", "eagle") or cfg.experiment._target_.split(".")[1] in (
@@ -560,6 +572,7 @@ LIMITS: dict[type, dict[str, tuple]] = {
     EarlyExitConfig: {"k": (1, INT_MAX), "threshold": (0.0, 1.0)},
     PlacementConfig: {"m": (1, INT_MAX), "coverage": (0.0, 1.0), "n_history": (1, INT_MAX)},
     RuntimeConfig: {"max_block": (1, INT_MAX)},
+    AblationConfig: {"tree_max_nodes": (1, 63), "tree_calibration_prompts": (1, 200)},
     DatasetConfig: {"max_new_tokens": (1, INT_MAX), "turns": (1, INT_MAX)},
     SpeedExperiment: {"repeats": (1, INT_MAX), "cost_rounds": (0, 10_000)},
     TrainBaseExperiment: {**{k: (1, INT_MAX) for k in (
@@ -600,7 +613,8 @@ CHOICES: dict[type, dict[str, Any]] = {
     DatasetConfig: {"source": _PROMPT_SOURCES},
     EarlyExitConfig: {"kv_policy": ("holes", "propagate"), "delta_from": ("previous_layer", "previous_evaluated"),
                       "calibration": ("global", "per_layer")},
-    AblationConfig: {"mode": ("dense", "specee", "adainfer", "eagle"), "decoding": ("autoregressive", "tree"),
+    AblationConfig: {"tree_select": ("fixed", "auto"),
+                     "mode": ("dense", "specee", "adainfer", "eagle"), "decoding": ("autoregressive", "tree"),
                      "mapping": ("independent", "merged"), "tree_exit_rule": ("all_paths", "any_path")},
     RuntimeConfig: {"kind": ("eager", "compiled"),
                     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")},

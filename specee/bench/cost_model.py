@@ -81,8 +81,11 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
         # every pred_call (rt.logits per layer) + the final head when no exit.
         "lm_heads": 0.0 if tree else (s("verify_calls") + s("pred_calls") * (mode == "adainfer")
                                       + sum(no_exit)) / n,
-        # tree: verify_calls + the final head when no exit, each over `nodes` rows.
-        "tree_lm_heads": (s("verify_calls") + sum(no_exit)) / n if tree else 0.0,
+        # tree: the final head when no exit (over `nodes` rows) + the exit verifications, in
+        # whole-tree heads: their rows over the tree's (merged SpecEE computes only fired paths'
+        # rows; a head's cost is taken as proportional to its rows), else one head per verify_call.
+        "tree_lm_heads": ((sum(t.get("head_rows", t.get("verify_calls", 0) * t["nodes"]) / t["nodes"]
+                               for t in trace) + sum(no_exit)) / n) if tree else 0.0,
         # predictor evaluations (SpecEE: one per unit per layer; AdaInfer: one SVM per layer).
         "predictor_calls": s("pred_calls") / n,
         # reduced-head probes without a predictor (p_prev for the next predictor layer).

@@ -48,8 +48,14 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
     elif tree_mode:
         from specee.decoding.tree import TreeDecoder
         tree = a.tree if isinstance(a.tree, str) else [list(p) for p in a.tree]
+        choice = None
+        if a.tree_select == "auto":
+            from specee.decoding.tree_select import auto_tree
+            choice = auto_tree(cfg, rt, draft)
+            tree = choice["chosen"]["paths"]
         decoder = TreeDecoder(rt, draft, tree, bank, schedule, a.mapping, ee.k, ee.kv_policy, replay, ee.delta_from,
                               a.tree_exit_rule)
+        decoder.tree_choice = choice
     elif mode == "specee":
         from specee.decoding.specee_ar import SpecEEDecoder
         decoder = SpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow, replay, ee.delta_from)

@@ -82,6 +82,9 @@ class TreeDecoder(LoopDecoder):
         if exit_rule not in ("all_paths", "any_path"):
             raise SpeceeError(f"tree exit rule {exit_rule!r} is unknown; valid: all_paths, any_path")
         self.exit_rule = exit_rule  # merged: all / one of the hyper-tokens through the walk's end
+        # merged: an exit verification computes head rows only for nodes on fired hyper-tokens
+        # (decides exactly as the whole tree's head; False computes every row, the reference)
+        self.fired_rows_only = True
         self.replay = replay  # ExitReplay (with predictors): the step exits where it says
         self.tree = build(tree)
         self.kv_policy = check_policy(kv_policy)
@@ -177,7 +180,7 @@ class TreeDecoder(LoopDecoder):
         if spec is not None:  # (units, K, d): the LM-head rows of each unit's candidates
             spec_w = rt.lm_head.weight[timer.to_device([spec[v] for v in self.feat_node])]
             p_prev = [initial_p(self.k, spec_w[j]) for j in range(len(self.feat_node))]
-        counts = {"pred_calls": 0, "verify_calls": 0, "delta_probes": 0}
+        counts = {"pred_calls": 0, "verify_calls": 0, "delta_probes": 0, "head_rows": 0}
 
         def exit_test(i, h):
             normed = rt.norm(h)[0]
@@ -199,7 +202,19 @@ class TreeDecoder(LoopDecoder):
             if not any(fires):
                 return None
             counts["verify_calls"] += 1
-            nxt = timer.host_list(rt.lm_head(normed).argmax(-1))
+            if self.mapping == "merged" and target is None and self.fired_rows_only:
+                # Only nodes on a fired hyper-token can end an exit: a walk that steps onto a node no
+                # fired path contains exits through no fired path, so it is refused whatever that
+                # node's row would say. One head call over those rows, the rest never computed.
+                rows = sorted({v for u, f in zip(self.units, fires) if f for v in u})
+                got = timer.host_list(rt.lm_head(normed[timer.to_device(rows)]).argmax(-1))
+                nxt = [-1] * tr.size  # -1: not computed, matches no child and lies in no S(v)
+                for v, t in zip(rows, got):
+                    nxt[v] = t
+                counts["head_rows"] += len(rows)
+            else:
+                nxt = timer.host_list(rt.lm_head(normed).argmax(-1))
+                counts["head_rows"] += tr.size
             walk = tr.walk(nxt, tokens)
             needed = self.needed(walk)
             agree = any if self.mapping == "merged" and self.exit_rule == "any_path" else all
@@ -225,7 +240,7 @@ class TreeDecoder(LoopDecoder):
         timer.lap("layers")
         self.schedule.record(state, exit_layer)
         trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "nodes": tr.size,
-                 "accepted": len(walk), **counts}
+                 "accepted": len(walk), "walk_ranks": [tr.rank[v] for v in walk[1:]], **counts}
         return walk, nxt, normed[idx], exit_layer, trace
 
     # -- loop -----------------------------------------------------------------------------
