@@ -25,7 +25,8 @@ register()
 # kind: (committed folder, the overrides that make a run read a copy of it, the option choices)
 FOLDERS = {
     "model": (ART / "tiny", lambda d: [f"model.path={d}"], ()),
-    "draft": (ART / "tiny_draft", lambda d: [f"draft.path={d}"], ("ablation=eagle",)),
+    # with a reduced vocabulary, so the folder's frequency table is read too
+    "draft": (ART / "tiny_draft", lambda d: [f"draft.path={d}", "draft.vocab_size=64"], ("ablation=eagle",)),
     "predictors": (ART / "tiny_predictors", lambda d: [f"early_exit.predictors_path={d}"], ("ablation=specee_t1",)),
     "svm": (ART / "tiny_adainfer", lambda d: [f"early_exit.adainfer_path={d}"], ("ablation=adainfer",)),
     "profile": (ART / "tiny_exit_profile", lambda d: [f"placement.profile_path={d}"], ("ablation=specee_t1_t2",)),
