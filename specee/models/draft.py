@@ -154,11 +154,11 @@ def load_draft(path: str | Path, rt: LayerwiseLM, vocab_size: int = 0) -> tuple[
                           f"missing {missing[:4]}, wrong shape {wrong[:4]}")
     head.load_state_dict({k: state[k].to(rt.dtype) for k in own})
     if vocab_size:
-        from specee.models.draft_vocab import coverage_of, read_table, reduced_ids
+        from specee.models.draft_vocab import VOCAB_FILE, coverage_of, read_table, reduced_ids
         table = read_table(folder, rt.lm_head.weight.shape[0])
         head.restrict_vocab(reduced_ids(table, vocab_size))
         card = {**card, "reduced_vocab": {"size": vocab_size, "held_out_coverage": coverage_of(table, vocab_size),
-                                          "table": str(folder / "draft_vocab.json")}}
+                                          "table": str(folder / VOCAB_FILE)}}
     return head.eval(), card
 
 
