@@ -22,7 +22,7 @@ from specee import results
 from specee.decoding import build_decoder
 from specee.env import environment
 from specee.errors import SpeceeError
-from specee.evaluation import drift, registry
+from specee.evaluation import answer_figures, drift, registry
 from specee.io import project_path
 from specee.models.loader import load_model
 from specee.compiled import build_runtime
@@ -62,6 +62,12 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
                          "lower_is_better": registry.lower_is_better(name, primary, e.task_source), **m, "n": n["effective"], "n_available": n["original"],
                          "num_fewshot": e.num_fewshot, **stats.get(name, {})}
         samples[name] = [{**s, "specee": per_doc.get((name, s["doc_id"]), [])} for s in out["samples"][name]]
+        task_cfg = out.get("configs", {}).get(name, {})
+        if task_cfg.get("output_type") == "generate_until" and metric == "exact_match":
+            meta = task_cfg.get("metadata") or {}
+            metrics[name].update(answer_figures.figures(samples[name], metric, meta, cfg.ablation.mode))
+            if meta.get("protocol"):  # a template changes the prompt: a different protocol, named so
+                metrics[name]["protocol"] = meta["protocol"] + ("+chat_template" if e.chat_template else "")
     return metrics, samples, seconds
 
 
@@ -135,6 +141,7 @@ def run(cfg) -> dict:
             _verdict(baseline, rows, ok, gate)
         return done["metrics"]
     names = list(e.tasks)
+    registry.check_fewshot(names, e.num_fewshot, e.task_source)
     if e.task_source == "shipped":
         os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # local files only
     # lm-eval's datasets cache goes to the run dir unless the user chose one.

@@ -216,8 +216,11 @@ class CalibrationConfig:
     held-out TinyStories."""
     spec_bench_offset: int = 10
     spec_bench_count: int = 4  # per category
+    spec_bench_categories: Optional[list[str]] = None  # null: every category, in the file's order
     story_prompts: int = 80
     max_new_tokens: int = 64
+    # Stop collecting once this many tokens are in (0: every prompt); the prompts are taken in order.
+    min_tokens: int = 0
 
 
 @dataclass
@@ -236,6 +239,9 @@ class TrainPredictorsExperiment:
     # final: layer argmax == final-layer token (the paper's) | verified: that, and the token is in the
     # draft's top-K S (a fire the LM-head verification confirms and that is correct)
     label: str = "final"
+    # harness: the fields as set (the defaults are the harness's own, not the paper's) | paper: the
+    # SpecEE authors' recipe (experiments/train_predictors.py PAPER_RECIPE; a clashing field is refused)
+    recipe: str = "harness"
     # null: no per-layer thresholds (early_exit.threshold everywhere). P: per layer, the lowest threshold
     # whose precision (for `label`) on one half of the held-out prompts reaches P with at least
     # threshold_min_fires fires, else 1.0 (never fire); the other half reports it.
@@ -621,7 +627,8 @@ CHOICES: dict[type, dict[str, Any]] = {
     TrainBaseExperiment: {"save_dtype": _DTYPES, "autocast_dtype": ("bfloat16", "float16")},
     TrainDraftExperiment: {"targets": ("dataset", "self")},
     SpeedExperiment: {"interleave": ("step", "request")},
-    TrainPredictorsExperiment: {"pos_weight": ("none", "balanced"), "label": ("final", "verified")},
+    TrainPredictorsExperiment: {"pos_weight": ("none", "balanced"), "label": ("final", "verified", "unnormed"),
+                                "recipe": ("harness", "paper")},
     StatsExperiment: {"placements": Options("placement")},
     ReproduceExperiment: {"ablations": Options("ablation"), "kv_policy_variants": Options("ablation"),
                           "hf_generate_ablations": Options("ablation"),

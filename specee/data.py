@@ -222,7 +222,10 @@ def story_openings(root, count: int, words: int = 12) -> tuple[list[Prompt], dic
 def calibration_prompts(root, c) -> tuple[list[Prompt], dict]:
     """Prompts for predictor training and exit profiling, disjoint from evaluation: Spec-Bench
     from ``c.spec_bench_offset`` on (evaluation reads lower offsets) + held-out story openings."""
-    spec = spec_bench_prompts(root, None, c.spec_bench_count, c.spec_bench_offset)
+    cats = list(c.spec_bench_categories) if c.get("spec_bench_categories") else None
+    spec = spec_bench_prompts(root, cats, c.spec_bench_count, c.spec_bench_offset)
+    if cats:  # in the order asked for (a token target takes the first ones)
+        spec = sorted(spec, key=lambda p: cats.index(p.category))
     stories, files = story_openings(root, c.story_prompts)
     files[SPEC_BENCH] = sha256(data_file(root, SPEC_BENCH))
     return spec + stories, files

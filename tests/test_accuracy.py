@@ -113,13 +113,17 @@ def test_tasks_load_offline_with_a_disjoint_fewshot_pool(tmp_path):
     names = registry.available()
     assert names == sorted(["boolq", "piqa", "hellaswag", "arc_easy", "arc_challenge", "winogrande",
                             "copa", "sst2", "gsm8k", "sst2_gen", "boolq_gen", "sst2_gen_flex", "boolq_gen_flex",
-                            "tinystories_ppl"])
+                            "tinystories_ppl", "csqa_paper", "sst2_paper"])
     tm = registry.task_manager(names, DATA, tmp_path)
     assert sorted(tm.all_tasks) == names  # include_defaults=False: nothing but ours
     for name, task in tm.load(names)["tasks"].items():
         if name == "tinystories_ppl":  # no shots: one document per validation story
             stories = list(task.eval_docs)
             assert len(stories) == 500 and all("<|endoftext|>" not in d["text"] and d["text"] for d in stories)
+            continue
+        if name.endswith("_paper"):  # the authors' shots sit in the prompt: every item is evaluated
+            rows = (DATA / task.config.dataset_kwargs["data_files"]["test"]).read_text().splitlines()
+            assert len(list(task.eval_docs)) == len(rows)  # (num_fewshot > 0 is refused: check_fewshot)
             continue
         evaluated, pool = list(task.eval_docs), list(task.fewshot_docs())
         rows = (DATA / task.config.dataset_kwargs["data_files"]["test"]).read_text().splitlines()

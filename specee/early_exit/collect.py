@@ -1,7 +1,11 @@
 """Training data for exit predictors: dense greedy decoding, features and labels at every layer.
 
 Per generated token and layer l: the speculative features (draft proposes S from the dense
-history), AdaInfer's [gap, top_prob], and the label ``argmax(lm_head(norm(h_l))) == final token``.
+history), AdaInfer's [gap, top_prob], and the label ``argmax(lm_head(norm(h_l))) == final token``
+(``label``) — and, as the SpecEE authors' collection script labels it, from the un-normed state,
+``argmax(lm_head(h_l)) == final token`` (``label_unnormed``). A token's heads over all its layers
+run as one (rows x vocabulary) product, not one vector product per layer: on a CPU that reads the
+head's weights once per token instead of once per layer.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
     if prompt_ids.shape[1] > 1:
         draft(prompt_ids[:, 1:], f[:, :-1], dcache)
     token, f_prev = rt.lm_head(f[:, -1:])[0, -1].argmax(), f[:, -1:]
-    rows = {"feats": [], "argmax": [], "ada": [], "spec": []}
+    rows = {"feats": [], "argmax": [], "argmax_unnormed": [], "ada": [], "spec": []}
     every_layer = [True] * rt.num_layers
     timer = PhaseTimer(rt.device)
     generated = 1
@@ -34,32 +38,34 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
         pos = rt.positions(cache, 1)
         h = rt.embed(token.view(1, 1))
         rope = rt.rope(h, pos)
-        feats, argmaxes, ada = [], [], []
-        last = {}
+        feats, normeds, raws = [], [], []
 
         def record(i, h):  # the decoding walk with every layer evaluated and no exit
             nonlocal p_prev
-            last["normed"] = normed = rt.norm(h)[0, 0]
+            normeds.append(rt.norm(h)[0, 0])
+            raws.append(h[0, 0])
             x, p_prev = features_from_logits(probe.logits(h), p_prev)
-            logits = rt.lm_head(normed)
             feats.append(x)
-            argmaxes.append(logits.argmax())
-            ada.append(adainfer_features(logits))
             return None
 
         walk_layers(rt, h, rope, cache, pos, None, every_layer, record, timer)
-        normed = last["normed"]
         cache.seq_len += 1
+        logits = rt.lm_head(torch.stack(normeds + raws))  # (2L, V) in one product
+        argmaxes = logits.argmax(-1)
+        L = len(normeds)
         rows["feats"].append(torch.stack(feats).float())
-        rows["argmax"].append(torch.stack(argmaxes))
-        rows["ada"].append(torch.stack(ada).float())
+        rows["argmax"].append(argmaxes[:L])
+        rows["argmax_unnormed"].append(argmaxes[L:])
+        rows["ada"].append(adainfer_features(logits[:L]).float())
         rows["spec"].append(spec)
-        token, f_prev = argmaxes[-1], normed.view(1, 1, -1)
+        normed = normeds[-1]
+        token, f_prev = argmaxes[L - 1], normed.view(1, 1, -1)
         generated += 1
     if not rows["feats"]:
         return {}
     out = {k_: torch.stack(v).cpu().numpy() for k_, v in rows.items()}
     final = out["argmax"][:, -1:]
     out["label"] = out["argmax"] == final  # (T, L)
+    out["label_unnormed"] = out["argmax_unnormed"] == final
     out["in_spec"] = (out["argmax"][:, :, None] == out["spec"][:, None, :]).any(-1)
     return out

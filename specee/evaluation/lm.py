@@ -154,13 +154,26 @@ class SpeceeLM(LM):
                                     for u in stops)) if stops else None
             gen = self.decoder.generate(self._ids(ctx), n_new, eos, stop=hit)
             tokens = gen.tokens[:gen.tokens.index(eos)] if eos in gen.tokens else gen.tokens
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            text = self.written_text(ctx, tokens)
             for stop in until:  # cut at the earliest stop string
                 if stop:
                     text = text.split(stop)[0]
             self._record(req, gen.exit_layers, cut)
             out.append(text)
         return out
+
+    def written_text(self, ctx: list[int], tokens: list[int]) -> str:
+        """What the model wrote after its context: the decoded context + generation minus the
+        decoded context. Decoding the new tokens alone can lose a leading space (SentencePiece
+        drops it on a first token), and a character-offset parser such as the SpecEE authors'
+        reads the text as it follows the prompt. Where the joint decoding does not begin with the
+        context's own (a tokenizer that rewrites across the boundary), the tokens alone."""
+        alone = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if not tokens:
+            return alone
+        head = self.tokenizer.decode(ctx, skip_special_tokens=True)
+        joint = self.tokenizer.decode(ctx + tokens, skip_special_tokens=True)
+        return joint[len(head):] if joint.startswith(head) else alone
 
     # -- what the experiment reports --------------------------------------------------------
     def task_stats(self) -> dict[str, dict]:

@@ -92,6 +92,16 @@ def task_manager(names, data_root: Path, out_dir: Path, include_path: Path | Non
     return tm
 
 
+def check_fewshot(names, num_fewshot: int, task_source: str = "shipped") -> None:
+    """A task whose prompt already holds its shots (the paper-protocol tasks) takes no more."""
+    if task_source != "shipped" or not num_fewshot:
+        return
+    fixed = [n for n in names if n in available() and _repo_config(n).get("metadata", {}).get("shots_in_prompt")]
+    if fixed:
+        raise SpeceeError(f"task(s) {fixed} carry their own fixed shots in the prompt (the authors' protocol); "
+                          f"run them with experiment.num_fewshot=0, not {num_fewshot}")
+
+
 def primary_metric(name: str, results: dict | None = None, task_source: str = "shipped") -> str:
     """lm-eval result key (``metric,filter``) that the task reports as its accuracy: the shipped
     YAML's ``metadata.primary_metric``; for other tasks ``acc``, ``exact_match``, else the first."""

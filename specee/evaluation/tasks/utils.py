@@ -7,7 +7,9 @@ evaluated item's shot. The pool is even, so WinoGrande's adjacent twin sentences
 """
 from __future__ import annotations
 
+import functools
 import re
+from pathlib import Path
 
 FEWSHOT_POOL = 20
 
@@ -63,3 +65,57 @@ def tinystories_stories(dataset):
     text = "\n".join(dataset["text"])
     stories = [s.strip() for s in text.split("<|endoftext|>")]
     return Dataset.from_list([{"text": s} for s in stories if s])
+
+
+# -- The SpecEE authors' accuracy protocol (csqa_paper, sst2_paper) -------------------------
+# Their EEInference.py --task accuracy: a fixed five-shot prompt (paper_prompts/, byte for byte),
+# tokenized raw, exactly 3 greedy new tokens with no stop string, and the answer read by character
+# offset from the decoded text that follows the prompt. Every item is evaluated (their shots come
+# from the training splits), so no few-shot pool is cut off here.
+PAPER_PROMPTS = Path(__file__).resolve().parent / "paper_prompts"
+UNPARSED = "N/A"  # what the authors' parser records when nothing is left to read
+
+
+@functools.cache
+def paper_shots(name: str) -> str:
+    with open(PAPER_PROMPTS / name, encoding="utf-8", newline="") as f:  # keep their bytes
+        return f.read()
+
+
+def csqa_paper_prompt(doc) -> str:
+    """The shots, the question, then one ``"X. text"`` line per choice; the model itself has to
+    write ``Answer: X`` (the authors' ``get_commonsenseqa_prompt``)."""
+    c = doc["choices"]
+    return (paper_shots("commonsense_qa_5shot.txt") + doc["question"] + "\n"
+            + "".join(f"{label}. {text}\n" for label, text in zip(c["label"], c["text"])))
+
+
+def sst2_paper_prompt(doc) -> str:
+    """The shots, ``Sentence: <sentence>``, then ``Sentiment`` with no colon (``get_sst2_prompt``)."""
+    return paper_shots("sst2_5shot.txt") + "Sentence: " + doc["sentence"] + "\n" + "Sentiment"
+
+
+def csqa_paper_target(doc) -> str:
+    return doc["answerKey"].strip()
+
+
+def sst2_paper_target(doc) -> str:
+    return str(doc["label"]).strip()
+
+
+def offset_answer(written: str, skip: int, upper: bool = False) -> str:
+    """The authors' parse of what the model wrote after the prompt: drop ``skip`` characters (the
+    ``Answer:`` it is expected to write, or SST-2's ``:``), strip, take the first character —
+    whatever the skipped characters were; nothing left is ``N/A``."""
+    rest = written[skip:].strip()
+    if not rest:
+        return UNPARSED
+    return rest[0].upper() if upper else rest[0]
+
+
+def csqa_paper_parse(resps, docs):
+    return [[offset_answer(r, len("Answer:"), upper=True) for r in rs] for rs in resps]
+
+
+def sst2_paper_parse(resps, docs):
+    return [[offset_answer(r, len(":")) for r in rs] for rs in resps]

@@ -1,0 +1,61 @@
+"""Accuracy of a generative answer task under each denominator, and the share never parsed.
+
+A generative multiple-choice task (the model writes its answer, a filter reads a label out of it)
+has two honest accuracies: over all items (an unreadable answer is wrong) and over the items whose
+answer parsed to a valid label. The SpecEE authors' CommonsenseQA script reports the second for
+SpecEE and the first for its baseline, so unreadable answers silently leave SpecEE's denominator;
+here both are reported, with the unparsed share, and ``accuracy_paper_denominator`` is the figure
+their script would print for this mode (``metadata.paper_denominator``: ``dense`` / ``speculative``
+-> ``all`` | ``parsed``).
+
+The valid labels are the task's ``metadata.answer_labels``; a task without them (a user's own)
+uses the distinct gold answers when there are at most ``MAX_LABELS`` (a label set), else an answer
+counts as parsed when it is not empty and not the parser's ``N/A``.
+"""
+from __future__ import annotations
+
+from specee.errors import SpeceeError
+
+MAX_LABELS = 26
+_NOT_PARSED = ("", "N/A", "[invalid]")  # the authors' parser, lm-eval's regex filter fallback
+
+
+def _answer(sample) -> str:
+    fr = sample.get("filtered_resps")
+    while isinstance(fr, (list, tuple)) and fr:
+        fr = fr[0]
+    return "" if fr is None or isinstance(fr, (list, tuple)) else str(fr).strip()
+
+
+def _gold(sample) -> str:
+    t = sample.get("target")
+    return str(t[0] if isinstance(t, (list, tuple)) and t else t).strip()
+
+
+def figures(samples: list[dict], metric: str, metadata: dict, mode: str) -> dict:
+    """The three figures (and their parts) for one task's per-sample log. ``metric`` is the
+    per-sample correctness key (lm-eval's ``exact_match``); ``mode`` the decoding mode."""
+    if not samples:
+        raise SpeceeError("a generative task produced no samples; nothing to score")
+    labels = metadata.get("answer_labels")
+    if labels is None:
+        golds = {_gold(s) for s in samples}
+        labels = sorted(golds) if len(golds) <= MAX_LABELS else None
+    labels = None if labels is None else {str(x) for x in labels}
+    n = len(samples)
+    correct = [float(s.get(metric, 0.0)) >= 1.0 for s in samples]
+    parsed = [(_answer(s) in labels) if labels is not None else (_answer(s) not in _NOT_PARSED)
+              for s in samples]
+    n_parsed, n_correct = sum(parsed), sum(correct)
+    kinds = metadata.get("paper_denominator") or {}
+    which = kinds.get("dense" if mode == "dense" else "speculative", "all")
+    if which not in ("all", "parsed"):
+        raise SpeceeError(f"metadata.paper_denominator={kinds} must map dense/speculative to all or parsed")
+    acc_parsed = n_correct / n_parsed if n_parsed else None
+    return {"accuracy_all_items": n_correct / n,
+            "accuracy_parsed_items": acc_parsed,
+            "accuracy_paper_denominator": acc_parsed if which == "parsed" else n_correct / n,
+            "paper_denominator": which,
+            "parsed_items": n_parsed, "unparsed_share": 1 - n_parsed / n,
+            "answer_labels": sorted(labels) if labels is not None else None,
+            "chance": metadata.get("chance")}
