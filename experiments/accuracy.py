@@ -40,11 +40,16 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
     e = cfg.experiment
     lm.records.clear()
     t0 = time.perf_counter()
-    out = simple_evaluate(model=lm, tasks=names, task_manager=tm, num_fewshot=e.num_fewshot,
-                          apply_chat_template=bool(e.chat_template),
-                          limit=e.limit, log_samples=True, random_seed=cfg.seed,
-                          numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
-                          fewshot_random_seed=cfg.seed)
+    from jinja2.exceptions import TemplateError
+    try:
+        out = simple_evaluate(model=lm, tasks=names, task_manager=tm, num_fewshot=e.num_fewshot,
+                              apply_chat_template=bool(e.chat_template),
+                              limit=e.limit, log_samples=True, random_seed=cfg.seed,
+                              numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                              fewshot_random_seed=cfg.seed)
+    except TemplateError as err:  # a user's task whose template names a field its data lacks
+        raise SpeceeError(f"a prompt template of task(s) {names} cannot be filled from its data ({err}); "
+                          "check doc_to_text / doc_to_target against the fields of the data file") from None
     seconds = time.perf_counter() - t0
     stats = lm.task_stats()
     per_doc = {}

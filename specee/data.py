@@ -134,9 +134,21 @@ class Prompt:
 
 
 def iter_jsonl(path: Path):
-    """(line number, row) of each non-blank line; a bad line is one error naming file:line."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    """(line number, row) of each non-blank line; a bad line (not UTF-8, not JSON) or an unreadable
+    file is one error naming file:line. Lines are read as bytes and decoded one by one, so a file
+    of random bytes is refused at its first bad line, not by a decoder's traceback."""
+    try:
+        f = open(path, "rb")
+    except OSError as err:
+        raise SpeceeError(f"{path}: cannot be read ({err.strerror or type(err).__name__}); "
+                          "point at a JSONL file (one JSON object per line)") from None
+    with f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise SpeceeError(f"{path}:{line_no}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
+                                  f"{err.start + 1}); save the file as UTF-8 JSONL") from None
             if not line.strip():
                 continue
             try:

@@ -62,6 +62,54 @@ def write_task_configs(names, data_root: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+def _data_paths(files, base: Path) -> list[Path]:
+    if isinstance(files, dict):
+        return [p for v in files.values() for p in _data_paths(v, base)]
+    if isinstance(files, (list, tuple)):
+        return [p for v in files for p in _data_paths(v, base)]
+    path = Path(str(files))
+    return [path if path.is_absolute() else base / path]
+
+
+def check_user_tasks(names, include_path: Path) -> None:
+    """The data files of the user's task YAMLs named in ``names``, read before lm-eval does: a
+    missing, empty, non-UTF-8 or non-JSON-object file is one error naming the file and its task
+    (the datasets library would end in a traceback). Only local json/jsonl files are checked."""
+    from specee.data import iter_jsonl
+    wanted = set(names)
+    for yml in sorted(include_path.rglob("*.yaml")):
+        try:
+            cfg = yaml.load(yml.read_text(encoding="utf-8"), Loader=_Lenient)
+        except (UnicodeDecodeError, yaml.YAMLError, OSError):
+            continue  # lm-eval reports it as a task it cannot find
+        if isinstance(cfg, dict) and "task" in cfg and not isinstance(cfg["task"], str):
+            raise SpeceeError(f"task YAML {yml}: `task` must be one name, not {cfg['task']!r}")
+        if not isinstance(cfg, dict) or cfg.get("task") not in wanted:
+            continue
+        files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+        if cfg.get("dataset_path") not in ("json", "jsonl") or not files:
+            continue
+        for path in _data_paths(files, yml.parent):
+            what = f"task {cfg['task']} ({yml.name}): data file {path}"
+            if not path.is_file():
+                raise SpeceeError(f"{what} does not exist or is not a file")
+            rows = [row for _, row in iter_jsonl(path)] if path.suffix == ".jsonl" else None
+            if rows is None:
+                continue
+            if not rows:
+                raise SpeceeError(f"{what} is empty")
+            bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None)
+            if bad is not None:
+                raise SpeceeError(f"{what}: row {bad} is not a JSON object (one object per line)")
+
+
+class _Lenient(yaml.SafeLoader):
+    """YAML with lm-eval's ``!function`` tags read as plain strings (only the data files matter here)."""
+
+
+_Lenient.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
 def task_manager(names, data_root: Path, out_dir: Path, include_path: Path | None = None,
                  task_source: str = "shipped"):
     """A TaskManager that sees the shipped tasks among ``names`` (made absolute for ``data_root``),
@@ -79,6 +127,7 @@ def task_manager(names, data_root: Path, out_dir: Path, include_path: Path | Non
     if include_path is not None:
         if not include_path.is_dir():
             raise SpeceeError(f"experiment.include_path={include_path} is not a folder of task YAMLs")
+        check_user_tasks(names, include_path)
         paths.append(str(include_path))
     tm = TaskManager(include_path=paths, include_defaults=(task_source == "lm_eval"))
     unknown = [n for n in names if n not in tm.all_tasks]
