@@ -68,12 +68,26 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
                          "num_fewshot": e.num_fewshot, **stats.get(name, {})}
         samples[name] = [{**s, "specee": per_doc.get((name, s["doc_id"]), [])} for s in out["samples"][name]]
         task_cfg = out.get("configs", {}).get(name, {})
+        metrics[name]["chance"] = _chance(task_cfg, samples[name])  # what guessing scores: a verdict's floor
         if task_cfg.get("output_type") == "generate_until" and metric == "exact_match":
             meta = task_cfg.get("metadata") or {}
             metrics[name].update(answer_figures.figures(samples[name], metric, meta, cfg.ablation.mode))
+            if metrics[name]["chance"] is None and meta.get("answer_labels"):  # declared, not seen in a sample
+                metrics[name]["chance"] = 1 / len(meta["answer_labels"])
             if meta.get("protocol"):  # a template changes the prompt: a different protocol, named so
                 metrics[name]["protocol"] = meta["protocol"] + ("+chat_template" if e.chat_template else "")
     return metrics, samples, seconds
+
+
+def _chance(task_cfg: dict, rows: list[dict]) -> float | None:
+    """The accuracy of guessing: the task's ``metadata.chance``, else for multiple choice the mean of
+    1 / choices over its items; None where it is not defined (free-form answers, perplexity)."""
+    meta = task_cfg.get("metadata") or {}
+    if meta.get("chance") is not None:
+        return float(meta["chance"])
+    if task_cfg.get("output_type") == "multiple_choice" and rows:
+        return sum(1 / max(len(r.get("resps") or [1]), 1) for r in rows) / len(rows)
+    return None
 
 
 def item_records(samples: dict) -> dict[str, dict]:

@@ -27,10 +27,19 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
         common.append(f"threads={cfg.threads}")
     data = [f"dataset={e.dataset}", f"dataset.count={e.count}", f"dataset.max_new_tokens={e.max_new_tokens}"]
 
-    def speed(a: str) -> list[str]:
+    def speed_set(s: str) -> list[str]:
+        """``name`` or ``name:category`` (a Spec-Bench category) -> dataset overrides."""
+        name, _, category = s.partition(":")
+        return [f"dataset={name}", *([f"dataset.categories=[{category}]"] if category else []),
+                f"dataset.count={e.count}", f"dataset.max_new_tokens={e.max_new_tokens}"]
+
+    def speed(a: str, prompts: list[str] = data) -> list[str]:
         hf = [] if a in e.hf_generate_ablations else ["experiment.compare_hf_generate=false"]
-        return ["experiment=speed", f"ablation={a}", *hf, *data]
-    jobs = [(f"speed_{a}", speed(a)) for a in e.ablations]
+        return ["experiment=speed", f"ablation={a}", *hf, *prompts]
+    if e.speed_sets:  # one speed job per ablation and prompt set (the paper's protocol: six sets)
+        jobs = [(f"speed_{a}_{s.replace(':', '_')}", speed(a, speed_set(s))) for a in e.ablations for s in e.speed_sets]
+    else:
+        jobs = [(f"speed_{a}", speed(a)) for a in e.ablations]
     jobs += [(f"speed_{a}_{kv}", [*speed(a), f"early_exit.kv_policy={kv}"])
              for a in e.kv_policy_variants for kv in ("propagate",)]
     jobs += [(f"speed_{a}_independent", [*speed(a), "ablation.mapping=independent"]) for a in e.mapping_variants]

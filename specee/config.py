@@ -303,6 +303,9 @@ class ReproduceExperiment:
     # through the dense job (their tokens/s against dense, same run x dense against HF generate)
     hf_generate_ablations: list[str] = field(default_factory=lambda: ["dense"])
     dataset: str = "spec_bench"
+    # Instead of `dataset`: one speed job per ablation and prompt set, each `name` (a dataset option)
+    # or `spec_bench:category`, with `count` prompts and `max_new_tokens` (reproduce_paper_speed).
+    speed_sets: list[str] = field(default_factory=list)
     count: int = 2  # prompts per Spec-Bench category (the per-category page needs more than one)
     max_new_tokens: int = 32
     stats: bool = True

@@ -429,6 +429,29 @@ def _published_table(acc, cell) -> str:
     return md
 
 
+def fig_verdicts(docs):
+    """One row per claim of the paper, protocol and bank: its figure, interval and verdict."""
+    from specee import verdicts
+    rows = verdicts.verdict_rows(docs, paired_change)
+    if not rows:
+        raise Skip("no results that test a claim of the paper (accuracy against dense, stats, speed)")
+    fig, ax = plt.subplots(figsize=(16, 1.6 + 0.42 * len(rows)))
+    ax.axis("off")
+    cols = ["claim", "task / model", "protocol", "mode", "bank", "figure [95% CI]", "verdict"]
+    cells = [[r["claim"], r["task"], r["protocol"], r["mode"], r["bank"], r["figure"], r["verdict"]] for r in rows]
+    tab = ax.table(cellText=cells, colLabels=cols, loc="center", cellLoc="left")
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(7)
+    tab.scale(1, 1.5)
+    colour = {"confirmed": "#d9f2d9", "refuted": "#f7d4d4", "inconclusive": "#fff2cc"}
+    for i, r in enumerate(rows, 1):
+        tab[i, 6].set_facecolor(colour.get(r["verdict"], "#e6e6e6"))
+    n = verdicts.counts(rows)
+    ax.set_title("Verdict per claim of the paper, per protocol and predictor bank "
+                 f"({', '.join(f'{v} {k}' for k, v in sorted(n.items()))})\n{_stamp(docs)}", fontsize=10)
+    return fig, verdicts.markdown(rows)
+
+
 def fig_runtime(docs):
     """Eager vs compiled runtime per mode: ms/token against the bandwidth floor, and what the
     early-exit modes keep of their speedup on the faster runtime."""
@@ -573,6 +596,7 @@ FIGURES = [
     ("Predictor count and overhead", fig_overhead),
     ("Exits against the oracle", fig_exit_vs_oracle),
     ("Accuracy", fig_accuracy),
+    ("Verdicts on the paper's claims", fig_verdicts),
     ("Eager vs compiled runtime", fig_runtime),
 ]
 

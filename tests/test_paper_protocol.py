@@ -181,3 +181,40 @@ def test_a_users_generative_task_gets_the_same_figures(tmp_path):
     assert m["answer_labels"] == ["no", "yes"] and m["paper_denominator"] == "all"
     for key in ("accuracy_all_items", "accuracy_paper_denominator", "unparsed_share"):
         assert 0 <= m[key] <= 1
+
+
+def test_paper_speed_preset_plans_every_set_at_256_tokens():
+    from experiments.reproduce import plan
+    jobs = dict(plan(_compose("experiment=reproduce_paper_speed", "model=smollm2_135m")))
+    sets = ["mt_bench", "spec_bench_summarization", "spec_bench_qa", "gsm8k", "humaneval"]
+    assert sorted(jobs) == sorted(f"speed_{a}_{s}" for a in ("dense", "specee_t1_t2", "specee_t1_t2_paper", "eagle")
+                                  for s in sets)
+    args = jobs["speed_specee_t1_t2_paper_spec_bench_qa"]
+    assert "dataset.max_new_tokens=256" in args and "dataset.categories=[qa]" in args and "dataset.count=2" in args
+    assert "ablation=specee_t1_t2_paper" in args
+
+
+def _acc_doc(name, mode, values, chance, predictors="x/smollm2_135m_predictors_paper"):
+    n = len(values)
+    acc = sum(values) / n
+    se = (acc * (1 - acc) / (n - 1)) ** 0.5
+    return {"config": {"experiment": {"_target_": "experiments.accuracy.run"}, "model": {"name": "m"},
+                       "ablation": {"name": name, "mode": mode}, "early_exit": {"predictors_path": predictors}},
+            "metrics": {"accuracy": {"t": {"accuracy": acc, "accuracy_stderr": se, "primary_metric": "acc",
+                                           "chance": chance, "n": n}}},
+            "items": {"t": {str(i): {"value": v, "answer": v} for i, v in enumerate(values)}}}
+
+
+@pytest.mark.parametrize("dense, mode, chance, word", [
+    ([1.0] * 150 + [0.0] * 50, [1.0] * 150 + [0.0] * 50, 0.25, "confirmed"),       # identical answers
+    ([1.0] * 150 + [0.0] * 50, [1.0] * 100 + [0.0] * 100, 0.25, "refuted"),        # 25 points lost
+    ([1.0] * 150 + [0.0] * 50, [1.0] * 146 + [0.0] * 54, 0.25, "inconclusive"),    # 2 points, wide interval
+    ([1.0] * 100 + [0.0] * 100, [1.0] * 50 + [0.0] * 150, 0.5, "not testable here"),  # dense at chance
+])
+def test_accuracy_verdict_rules(dense, mode, chance, word):
+    from specee import verdicts
+    from specee.report import paired_change
+    rows = verdicts.verdict_rows([_acc_doc("dense", "dense", dense, chance),
+                                  _acc_doc("specee_t1_t2_paper", "specee", mode, chance)], paired_change)
+    assert len(rows) == 1 and rows[0]["verdict"] == word and rows[0]["bank"] == "paper-recipe bank"
+    assert rows[0]["protocol"] == "harness log-likelihood"
