@@ -161,6 +161,8 @@ def cost_model(cfg, rt, decoder, dense, inputs, mode_gens, dense_gens, measured:
     lengths = [ids.shape[1] for ids in inputs]
     mean = sum(lengths) / len(lengths)
     ids = inputs[min(range(len(inputs)), key=lambda i: abs(lengths[i] - mean))]
+    if cfg.ablation.mode == "pld":
+        return block_cost_model(rt, ids, mode_gens, cfg.experiment.cost_rounds, measured, ci)
     units = cm.measure_unit_costs(rt, decoder, dense, ids, cfg.dataset.max_new_tokens, rounds=cfg.experiment.cost_rounds)
     L, mode, decoding = rt.num_layers, cfg.ablation.mode, cfg.ablation.decoding
     mode_counts = cm.count_work(mode_gens, L, mode, decoding, units.get("draft_tree_syncs") or 0)
@@ -182,6 +184,30 @@ def cost_model(cfg, rt, decoder, dense, inputs, mode_gens, dense_gens, measured:
             "breakdown_us_per_token": model["breakdown_us"], "gap_to_layer_ratio": cm.explain_gap(
                 mode_counts, dense_counts, units["median_us"], L),
             "predicted_gpu": {"method": g["name"] + ": " + table["method"], "speedup_vs_dense": predicted}}
+
+
+def block_cost_model(rt, ids, mode_gens, rounds: int, measured: float, ci: list) -> dict:
+    """Prompt lookup's modelled speedup: each step is one verification block of n tokens (the last
+    token + its proposal), so its time is c(n) from the shared block-cost table measured here, and
+    dense is c(1) per token (the proposal's n-gram lookup on the host is not priced: measured apart
+    in the step trace as t_draft)."""
+    from specee.bench.block_cost import measure_block_costs
+    blocks = [t["nodes"] for g in mode_gens for t in g.trace]
+    emitted = sum(t.get("emitted", 1) for g in mode_gens for t in g.trace)
+    table = measure_block_costs(rt, ids, sorted(set(blocks) | {1}), rounds=max(rounds, 3))
+    per_round = []
+    for r in range(table["rounds"]):
+        c = {int(n): v[r] for n, v in table["samples_us"].items()}
+        per_round.append(c[1] * emitted / sum(c[n] for n in blocks))
+    med = {int(n): v for n, v in table["median_us"].items()}
+    value = med[1] * emitted / sum(med[n] for n in blocks)
+    lo, hi = sorted(per_round)[max(0, int(0.025 * len(per_round)))], sorted(per_round)[int(0.975 * (len(per_round) - 1))]
+    return {"modelled_speedup_vs_dense": value, "modelled_band": [lo, hi],
+            "measured_in_model_band": bool(lo <= measured <= hi),
+            "model_in_measured_ci": bool(ci[0] <= value <= ci[1]), "unmodelled_share": 1 - measured / value,
+            "method": "sum over steps of c(block) against c(1) per token, block-cost table measured here",
+            "block_costs": table, "counts": {"steps_per_token": len(blocks) / max(emitted, 1),
+                                             "mean_block": sum(blocks) / max(len(blocks), 1)}}
 
 
 def check_disjoint_from_calibration(cfg, prompts: list[dict]) -> None:
@@ -209,7 +235,7 @@ def run(cfg) -> dict:
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model(cfg.model)
     rt = build_runtime(cfg.runtime, model)
-    decoder = build_decoder(cfg, rt)
+    decoder = build_decoder(cfg, rt, eos_id=generation_eos(cfg, tokenizer))
     dense = DenseDecoder(rt)
     # On the compiled runtime, eager dense runs beside it (same weights): the runtime's own gain.
     eager_dense = DenseDecoder(LayerwiseLM(model)) if rt.kind == "compiled" else None
@@ -357,6 +383,11 @@ def run(cfg) -> dict:
             # The timed measurement stands on its own: keep it, and say why it has no model.
             m["cost_model"] = {"failed": f"{type(err).__name__}: {err}"}
             print(f"warning: the cost model failed ({type(err).__name__}: {err}); the measured speed is kept")
+    if cfg.ablation.mode == "pld":  # Spec-Bench's metrics for a proposal method
+        steps = [t for g in mode_gens for t in g.trace]
+        m["prompt_lookup"] = {"num_tokens": cfg.ablation.num_tokens, "ngram_size": cfg.ablation.ngram_size,
+                              "steps": len(steps), "match_share": sum(t["matched"] for t in steps) / max(len(steps), 1),
+                              "proposed_per_step": sum(t["proposed"] for t in steps) / max(len(steps), 1)}
     if any("accepted" in t for g in mode_gens for t in g.trace):
         from specee.decoding.tree import mean_accepted_length
         m["mean_accepted_length"] = mean_accepted_length(mode_gens)
@@ -415,7 +446,12 @@ def run(cfg) -> dict:
           + (f", speedup_vs_eager_dense {m['speedup_vs_eager_dense']:.3f} (runtime {rt.kind}; "
              f"{runtime_info['compile_s']:.1f} s compiling, {runtime_info['graphs_compiled_in_timed_runs']} "
              "graphs compiled while timed)" if eager_gens else ""))
-    if "modelled_speedup_vs_dense" in m:
+    if "modelled_speedup_vs_dense" in m and "block_costs" in m["cost_model"]:
+        c = m["cost_model"]
+        print(f"block-cost model: modelled speedup {c['modelled_speedup_vs_dense']:.3f} [{c['modelled_band'][0]:.3f}, "
+              f"{c['modelled_band'][1]:.3f}] (measured {m['speedup_vs_dense']:.3f}); mean block "
+              f"{c['counts']['mean_block']:.2f} tokens, {c['counts']['steps_per_token']:.3f} steps per token")
+    elif "modelled_speedup_vs_dense" in m:
         c = m["cost_model"]
         print(f"cost model: modelled speedup {c['modelled_speedup_vs_dense']:.3f} [{c['modelled_band'][0]:.3f}, "
               f"{c['modelled_band'][1]:.3f}] (measured {m['speedup_vs_dense']:.3f}); gap to the layer ratio: "

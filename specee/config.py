@@ -81,7 +81,7 @@ class PlacementConfig:
 @dataclass
 class AblationConfig:
     name: str = MISSING
-    mode: str = "dense"  # dense | specee | adainfer | eagle
+    mode: str = "dense"  # dense | specee | adainfer | eagle | pld
     decoding: str = "autoregressive"  # autoregressive | tree  (specee only; eagle is always tree)
     tree: Any = "small"  # small | mc_sim_7b_63 | root | list of paths (EAGLE choices)
     mapping: str = "merged"  # independent | merged  (early exit inside the tree)
@@ -94,6 +94,10 @@ class AblationConfig:
     tree_select: str = "fixed"
     tree_max_nodes: int = 32  # auto: the largest tree considered (nodes besides the root)
     tree_calibration_prompts: int = 8  # auto: calibration prompts the acceptance is measured on
+    # pld (prompt lookup): tokens proposed per step, and the longest n-gram looked up (transformers'
+    # prompt_lookup_num_tokens and max_matching_ngram_size defaults)
+    num_tokens: int = 10
+    ngram_size: int = 2
 
 
 @dataclass
@@ -439,8 +443,10 @@ def validate(cfg) -> None:
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise SpeceeError(f"model.dtype={cfg.model.dtype!r} is unknown; valid: float32, bfloat16, float16")
     a = cfg.ablation
-    if a.mode not in ("dense", "specee", "adainfer", "eagle"):
-        raise SpeceeError(f"ablation.mode={a.mode!r} is unknown; valid: dense, specee, adainfer, eagle")
+    if a.mode not in ("dense", "specee", "adainfer", "eagle", "pld"):
+        raise SpeceeError(f"ablation.mode={a.mode!r} is unknown; valid: dense, specee, adainfer, eagle, pld")
+    if a.mode == "pld" and a.decoding != "autoregressive":
+        raise SpeceeError("ablation.mode=pld verifies one proposal per step; set ablation.decoding=autoregressive")
     if a.decoding not in ("autoregressive", "tree"):
         raise SpeceeError(f"ablation.decoding={a.decoding!r} is unknown; valid: autoregressive, tree")
     if a.mapping not in ("independent", "merged"):
@@ -581,7 +587,8 @@ LIMITS: dict[type, dict[str, tuple]] = {
     EarlyExitConfig: {"k": (1, INT_MAX), "threshold": (0.0, 1.0)},
     PlacementConfig: {"m": (1, INT_MAX), "coverage": (0.0, 1.0), "n_history": (1, INT_MAX)},
     RuntimeConfig: {"max_block": (1, INT_MAX)},
-    AblationConfig: {"tree_max_nodes": (1, 63), "tree_calibration_prompts": (1, 200)},
+    AblationConfig: {"tree_max_nodes": (1, 63), "tree_calibration_prompts": (1, 200), "num_tokens": (1, 64),
+                     "ngram_size": (1, 16)},
     DatasetConfig: {"max_new_tokens": (1, INT_MAX), "turns": (1, INT_MAX)},
     SpeedExperiment: {"repeats": (1, INT_MAX), "cost_rounds": (0, 10_000)},
     TrainBaseExperiment: {**{k: (1, INT_MAX) for k in (
@@ -623,7 +630,7 @@ CHOICES: dict[type, dict[str, Any]] = {
     EarlyExitConfig: {"kv_policy": ("holes", "propagate"), "delta_from": ("previous_layer", "previous_evaluated"),
                       "calibration": ("global", "per_layer")},
     AblationConfig: {"tree_select": ("fixed", "auto"),
-                     "mode": ("dense", "specee", "adainfer", "eagle"), "decoding": ("autoregressive", "tree"),
+                     "mode": ("dense", "specee", "adainfer", "eagle", "pld"), "decoding": ("autoregressive", "tree"),
                      "mapping": ("independent", "merged"), "tree_exit_rule": ("all_paths", "any_path")},
     RuntimeConfig: {"kind": ("eager", "compiled"),
                     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")},

@@ -7,6 +7,7 @@ from conftest import early_exit_parts
 from specee.decoding import base
 from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
 from specee.decoding.dense import DenseDecoder
+from specee.decoding.pld import PromptLookupDecoder
 from specee.decoding.specee_ar import SpecEEDecoder
 from specee.decoding.tree import TreeDecoder
 from specee.early_exit.schedule import TwoLevelSchedule
@@ -32,6 +33,7 @@ def decoders(rt, draft, bank):
             out[f"specee_full/{mapping}/{policy}"] = TreeDecoder(rt, draft, "small", bank, sched(), mapping, K, policy)
     out["eagle"] = TreeDecoder(rt, draft, "small", None, None, None, K)
     out["specee_t1/shadow"] = SpecEEDecoder(rt, draft, bank, K, "holes", sched(), shadow=True)
+    out["pld"] = PromptLookupDecoder(rt, 4, 2)
     return out
 
 
@@ -43,7 +45,7 @@ def prompt():
     "dense", "adainfer/holes", "adainfer/propagate", "specee_t1/holes", "specee_t1/propagate",
     "specee_t1_t2/holes", "specee_t1_t2/propagate", "specee_full/merged/holes",
     "specee_full/independent/propagate", "specee_full/merged/propagate", "specee_full/independent/holes",
-    "eagle", "specee_t1/shadow"])
+    "eagle", "specee_t1/shadow", "pld"])
 def test_every_decoder_makes_its_tensors_on_the_runtime_device(parts, name):
     """Under a default device of "meta", any tensor a decoder creates without the runtime's device
     lands on meta and breaks the run; a device-correct decoder gives the same tokens as without."""

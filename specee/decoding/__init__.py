@@ -6,11 +6,13 @@ from specee.io import project_path
 from specee.models.loader import check_trained_for
 
 
-def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases: bool = False):
+def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases: bool = False,
+                  eos_id: int | None = None):
     """The configured decoder, built through one path: each artifact it needs (draft head,
     predictors, schedule, SVM) loaded once. ``placement`` overrides cfg.placement (statistics
     compare several); ``shadow`` (autoregressive SpecEE only) records where the all-layers policy
-    would have exited; ``profile_phases`` makes CUDA phase reads synchronized (a profiling pass)."""
+    would have exited; ``profile_phases`` makes CUDA phase reads synchronized (a profiling pass);
+    ``eos_id``: the generation's EOS (prompt lookup cuts its proposals before one)."""
     mode, ee, a = cfg.ablation.mode, cfg.early_exit, cfg.ablation
     tree_mode = mode == "eagle" or (mode == "specee" and a.decoding == "tree")
     if shadow and not (mode == "specee" and not tree_mode):
@@ -59,6 +61,9 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
     elif mode == "specee":
         from specee.decoding.specee_ar import SpecEEDecoder
         decoder = SpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow, replay, ee.delta_from)
+    elif mode == "pld":
+        from specee.decoding.pld import PromptLookupDecoder
+        decoder = PromptLookupDecoder(rt, a.num_tokens, a.ngram_size, eos_id)
     elif mode == "adainfer":
         from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
         if random_init:
@@ -68,6 +73,6 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
             check_trained_for(svm.card, ee.adainfer_path, rt.model, "AdaInfer classifier")
         decoder = AdaInferDecoder(rt, svm, ee.kv_policy)
     else:
-        raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer, eagle")
+        raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer, eagle, pld")
     decoder.profile_phases = profile_phases
     return decoder
