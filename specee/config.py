@@ -282,6 +282,14 @@ class StatsExperiment:
 
 
 @dataclass
+class PotentialExperiment:
+    """Will SpecEE pay off here? Exit potential, unit costs, ceilings and break-even, before training
+    (experiments/potential.py). Prompts and length from the dataset group."""
+    _target_: str = "experiments.potential.run"
+    rounds: int = 40  # timing rounds per unit cost (block costs: a quarter of them, at least 3)
+
+
+@dataclass
 class CollectExperiment:
     _target_: str = "experiments.collect.run"
 
@@ -389,6 +397,7 @@ SCHEMAS = {
     ("experiment", "draft_vocab_schema"): DraftVocabExperiment,
     ("experiment", "stats_schema"): StatsExperiment,
     ("experiment", "collect_schema"): CollectExperiment,
+    ("experiment", "potential_schema"): PotentialExperiment,
     ("experiment", "reproduce_schema"): ReproduceExperiment,
     ("experiment", "report_schema"): ReportExperiment,
     ("experiment", "fetch_schema"): FetchExperiment,
@@ -603,6 +612,7 @@ LIMITS: dict[type, dict[str, tuple]] = {
                                 "lr": (0.0, 1.0), "held_out_share": (0.0, 1.0), "target_precision": (0.0, 1.0),
                                 "threshold_min_fires": (1, INT_MAX)},
     StatsExperiment: {"max_n": (1, INT_MAX)},
+    PotentialExperiment: {"rounds": (3, 10_000)},
     DraftVocabExperiment: {"held_out_share": (0.0, 0.5)},
     ReproduceExperiment: {k: (1, INT_MAX) for k in ("count", "max_new_tokens", "accuracy_limit",
                                                                "perplexity_limit")},

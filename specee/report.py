@@ -452,6 +452,42 @@ def fig_verdicts(docs):
     return fig, verdicts.markdown(rows)
 
 
+def fig_potential(docs):
+    """experiment=potential: per model, the share of tokens each layer already predicts, and the
+    ceilings on SpecEE's speedup here and on a named GPU (one row per model of a sweep)."""
+    pots = _by_kind(docs, "potential")
+    if not pots:
+        raise Skip("no potential results (experiment=potential)")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    md = ("| model | layers | vocabulary | LM head / layer (params; time here) | tokens | oracle floor [95% CI] "
+          "(stays right) | SpecEE T1+T2 ceiling here / GPU | draft chain at its acceptance here / GPU | "
+          "break-even draft coverage | verdict |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    for d in sorted(pots, key=lambda d: d["metrics"]["model"]):
+        m = d["metrics"]
+        L, agree = m["num_layers"], m["agreement_by_layer"]["all"]
+        ax.plot(np.arange(1, L + 1) / L, np.asarray(agree) * 100, "o-", ms=3,
+                label=f"{m['model']} ({L} layers)" + (" SYNTHETIC" if m.get("synthetic") else ""))
+        o, h, g = m["oracle_floor"], m["ceilings"]["here"], m["ceilings"]["gpu"]
+        lo, hi = o["interval_95"]["first"]
+        chain = "eagle_chain_at_draft_acceptance"
+        ch = f"{h[chain]['speedup']:.2f}× / {g[chain]['speedup']:.2f}×" if chain in h else "– (no draft)"
+        cov = h["break_even"]["draft_coverage"]
+        md += (f"| {m['model']} | {L} | {m['vocab_size']} | {m['lm_head_over_layer_by_params']:.2f}; "
+               f"{m['lm_head_over_layer_by_time']:.2f} | {m['tokens']} | {o['first']:.2f} [{lo:.2f}, {hi:.2f}] "
+               f"({o['stable']:.2f}) | {h['specee_ar_paper_predictors_t1_t2']['speedup']:.2f}× / "
+               f"{g['specee_ar_paper_predictors_t1_t2']['speedup']:.2f}× | {ch} | "
+               f"{'none suffices' if cov is None or cov > 1 else f'{100 * cov:.0f} %'} | {m['verdict']} |\n")
+    ax.set_xlabel("layer / number of layers")
+    ax.set_ylabel("tokens this layer already predicts (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"Exit potential: agreement of each layer with the final token\n{_stamp(pots)}", fontsize=10)
+    ax.legend(fontsize=8)
+    md += ("\nCeilings assume exits at the oracle floor with no wrong exit (T1+T2: plus a third of T1's predictor "
+           "calls, and one draft step per token); the GPU column prices the same work analytically "
+           f"({pots[0]['metrics']['unit_costs']['gpu']['method']}).\n")
+    return fig, md
+
+
 def fig_runtime(docs):
     """Eager vs compiled runtime per mode: ms/token against the bandwidth floor, and what the
     early-exit modes keep of their speedup on the faster runtime."""
@@ -603,6 +639,7 @@ FIGURES = [
     ("Exits against the oracle", fig_exit_vs_oracle),
     ("Accuracy", fig_accuracy),
     ("Verdicts on the paper's claims", fig_verdicts),
+    ("Will SpecEE pay off here? (potential)", fig_potential),
     ("Eager vs compiled runtime", fig_runtime),
 ]
 
