@@ -13,7 +13,9 @@ ones. By default (``pos_weight=none``) the MLP learns the natural prior, so thre
 "more likely than not already final" — favouring precision, because a false exit that passes
 verification changes the output. ``pos_weight=balanced`` weights positives by n_neg/n_pos.
 
-Options beyond the paper (its recipe stays the default):
+Recipes: ``experiment.recipe=harness`` (the default: the fields as set, 15 epochs, batch 256, the
+label from norm(h_l) -- the harness's own, not the authors') or ``paper`` (the SpecEE authors'
+recipe, PAPER_RECIPE below). Options beyond the paper:
 
 * ``label=verified``: positive when the layer's argmax is the final token AND that token is in the
   draft's top-K S — a fire the LM-head verification confirms and that emits the right token
@@ -249,7 +251,7 @@ def run(cfg) -> dict:
         svm.save(tmp, {**common, "features": "[gap = p1 - p2, top_prob = p1] of the full LM head",
                        "classifier": "sklearn LinearSVC(C=1), one for all layers", **svm_info,
                        "held_out": svm_metrics})
-    print(f"collected {common['collected_tokens']} tokens from {len(prompts)} prompts; "
+    print(f"collected {common['collected_tokens']} tokens from {len(common['calibration_prompt_ids'])} prompts; "
           f"final token in draft top-{k}: {final_in_spec:.3f}")
     for r in layer_metrics:
         print(f"layer {r['layer']:2d}: pos rate {r['held_out_positive_rate']:.3f}  acc {r['held_out_accuracy']:.3f}  "

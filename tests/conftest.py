@@ -116,3 +116,98 @@ def smollm2(smollm2_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(smollm2_path)
+
+
+# The micro base / draft / predictor / profile artifacts, trained through the real CLI (test_pipeline,
+# test_accuracy).
+MICRO_BASE = ["experiment.vocab_size=512", "experiment.hidden_size=32", "experiment.intermediate_size=64",
+              "experiment.num_layers=4", "experiment.num_heads=2", "experiment.num_kv_heads=1",
+              "experiment.seq_len=32", "experiment.batch_size=8", "experiment.steps=40",
+              "experiment.warmup_steps=5", "experiment.lr=5e-3", "experiment.eval_every=0",
+              "experiment.final_eval_stories=3"]
+
+
+@pytest.fixture(scope="session")  # trained once for every module that uses it
+def micro(tmp_path_factory, train_data_root):
+    root = tmp_path_factory.mktemp("micro")
+    art = {"paths.data_root": train_data_root, "model.path": root / "base", "draft.path": root / "draft",
+           "early_exit.predictors_path": root / "pred", "early_exit.adainfer_path": root / "ada",
+           "placement.profile_path": root / "profile"}
+    paths = [f"{k}={v}" for k, v in art.items()]
+    res = run_cli("experiment=train_base", f"experiment.out_dir={art['model.path']}", *MICRO_BASE,
+                  f"paths.data_root={train_data_root}", f"experiment.checkpoint_dir={root / 'ckpt'}",
+                  f"hydra.run.dir={root / 'r1'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_cli("experiment=train_draft", *paths, f"experiment.out_dir={art['draft.path']}",
+                  "experiment.max_tokens=8000", "experiment.seq_len=64", "experiment.steps=15",
+                  f"hydra.run.dir={root / 'r2'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_cli("experiment=train_predictors", *paths, "experiment.calibration.spec_bench_count=1",
+                  "experiment.calibration.story_prompts=6", "experiment.calibration.max_new_tokens=10", "experiment.epochs=3",
+                  f"hydra.run.dir={root / 'r3'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_cli("experiment=profile_exits", *paths, "experiment.calibration.spec_bench_count=1",
+                  "experiment.calibration.story_prompts=6", "experiment.calibration.max_new_tokens=10", f"hydra.run.dir={root / 'r4'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    return root, paths
+
+
+
+# -- test tiers ---------------------------------------------------------------------------------
+# `pytest -q` runs the fast tier: every unit and contract test, a sample of the generated bad-input
+# matrices and one end-to-end run per experiment kind on tiny. Tests marked `slow` (the rest of the
+# exhaustive matrices, real-model parity, long end-to-end runs) run with `pytest -q --full`
+# (or SPECEE_FULL_TESTS=1); `pytest -q -m slow --full` runs the slow tier alone. CI runs both.
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="also run the slow tier (tests marked slow): the whole suite")
+
+
+# The generated matrices: one in N of a file's parametrized cases stays in the fast tier, picked
+# by a hash of its id (stable across runs and machines, spread over every kind of case).
+MATRIX_SAMPLE = {"test_bad_input_config.py": 8, "test_bad_input_artifacts.py": 6,
+                 "test_bad_input_user_files.py": 4, "test_bad_input.py": 3}
+
+
+# Whole tests in the slow tier (a node id, or its prefix before the parameters): real-model parity,
+# long end-to-end runs, and variants of a path the fast tier already runs once.
+SLOW_TESTS = (
+    "tests/test_smollm2.py::",  # the real-model parity tests (SmolLM2-135M)
+    "tests/test_accuracy.py::test_exact_drift_gate_flags_a_small_behaviour_change",
+    "tests/test_accuracy.py::test_chat_template_on_a_tokenizer_without_one_is_one_clear_error",
+    "tests/test_pipeline.py::test_sweep_collect_and_report",
+    "tests/test_pipeline.py::test_submitit_local_launcher_runs_the_same_path",
+    *(f"tests/test_pipeline.py::test_speed_run_writes_a_self_describing_result[{a}]"
+      for a in ("specee_t1", "specee_full", "eagle", "adainfer")),  # dense and T1+T2 stay
+    "tests/test_compiled.py::test_compiled_layer_step_matches_the_model_layer[llama]",  # qwen2/mistral stay
+    "tests/test_compiled.py::test_speed_run_on_the_compiled_runtime_reports_eager_beside_it",
+    "tests/test_user_data.py::test_hf_dataset_folder",
+    "tests/test_user_data.py::test_jsonl_prompts_with_categories_and_turns",
+    "tests/test_user_data.py::test_own_task_yaml_through_include_path",  # test_paper_protocol runs one
+    "tests/test_user_data.py::test_own_checkpoint_through_a_model_config",  # test_potential loads a Qwen2
+    *(f"tests/test_user_data.py::test_bad_jsonl_rows_name_their_line[rows{i}" for i in (1, 2, 3)),
+    "tests/test_replay.py::test_random_init_real_shape_with_cut_layers",
+    "tests/test_train_base.py::test_a_later_stage_continues_an_earlier_run",
+    "tests/test_train_base.py::test_interrupted_training_resumes_bit_for_bit",
+)
+
+
+def _in_slow_tier(item) -> bool:
+    if item.get_closest_marker("slow") is not None or item.nodeid.startswith(SLOW_TESTS):
+        return True
+    every = MATRIX_SAMPLE.get(item.path.name)
+    if every and getattr(item, "callspec", None) is not None:
+        import zlib
+        return zlib.crc32(item.nodeid.encode()) % every != 0
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers: `-m slow` selects the slow tier
+def pytest_collection_modifyitems(config, items):
+    full = config.getoption("--full") or os.environ.get("SPECEE_FULL_TESTS") == "1"
+    skip = pytest.mark.skip(reason="slow tier: run with pytest --full")
+    for item in items:
+        if _in_slow_tier(item):
+            item.add_marker(pytest.mark.slow)
+            if not full:
+                item.add_marker(skip)

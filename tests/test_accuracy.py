@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from conftest import ROOT, run_cli
-from test_pipeline import micro  # noqa: F401 - the micro base/draft/predictor artifacts
 
 from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError

@@ -3,39 +3,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, run_cli
-
-MICRO_BASE = ["experiment.vocab_size=512", "experiment.hidden_size=32", "experiment.intermediate_size=64",
-              "experiment.num_layers=4", "experiment.num_heads=2", "experiment.num_kv_heads=1",
-              "experiment.seq_len=32", "experiment.batch_size=8", "experiment.steps=40",
-              "experiment.warmup_steps=5", "experiment.lr=5e-3", "experiment.eval_every=0",
-              "experiment.final_eval_stories=3"]
-
-
-@pytest.fixture(scope="module")
-def micro(tmp_path_factory, train_data_root):
-    root = tmp_path_factory.mktemp("micro")
-    art = {"paths.data_root": train_data_root, "model.path": root / "base", "draft.path": root / "draft",
-           "early_exit.predictors_path": root / "pred", "early_exit.adainfer_path": root / "ada",
-           "placement.profile_path": root / "profile"}
-    paths = [f"{k}={v}" for k, v in art.items()]
-    res = run_cli("experiment=train_base", f"experiment.out_dir={art['model.path']}", *MICRO_BASE,
-                  f"paths.data_root={train_data_root}", f"experiment.checkpoint_dir={root / 'ckpt'}",
-                  f"hydra.run.dir={root / 'r1'}")
-    assert res.returncode == 0, res.stderr[-2000:]
-    res = run_cli("experiment=train_draft", *paths, f"experiment.out_dir={art['draft.path']}",
-                  "experiment.max_tokens=8000", "experiment.seq_len=64", "experiment.steps=15",
-                  f"hydra.run.dir={root / 'r2'}")
-    assert res.returncode == 0, res.stderr[-2000:]
-    res = run_cli("experiment=train_predictors", *paths, "experiment.calibration.spec_bench_count=1",
-                  "experiment.calibration.story_prompts=6", "experiment.calibration.max_new_tokens=10", "experiment.epochs=3",
-                  f"hydra.run.dir={root / 'r3'}")
-    assert res.returncode == 0, res.stderr[-2000:]
-    res = run_cli("experiment=profile_exits", *paths, "experiment.calibration.spec_bench_count=1",
-                  "experiment.calibration.story_prompts=6", "experiment.calibration.max_new_tokens=10", f"hydra.run.dir={root / 'r4'}")
-    assert res.returncode == 0, res.stderr[-2000:]
-    return root, paths
-
+from conftest import MICRO_BASE, ROOT, run_cli  # noqa: F401 - the micro fixture lives in conftest
 
 def test_draft_card_reports_agreement(micro):
     root, _ = micro
@@ -183,10 +151,11 @@ def test_sweep_collect_and_report(micro, tmp_path):
                   f"hydra.run.dir={tmp_path / 'r'}")
     assert res.returncode == 0, res.stderr[-2000:]
     # cover + speedup per category + staircase (dense, T1) + measured against modelled + exit
-    # distribution + context similarity + overhead + exits against the oracle; accuracy is skipped
-    # with its reason.
-    assert _pdf_pages(out / "report.pdf") == 8
+    # distribution + context similarity + overhead + exits against the oracle + verdicts on the
+    # paper's claims (from the stats job); accuracy is skipped with its reason.
+    assert _pdf_pages(out / "report.pdf") == 9
     md = (out / "summary.md").read_text()
+    assert "## Verdicts on the paper's claims" in md and "skewed exits (Fig. 10)" in md
     assert "## Ablation staircase" in md and "Accuracy: no accuracy results" in md
     assert "## Measured against modelled speedup" in md and "## Exits against the oracle" in md
     assert "bottom half by exit probability" in md and "oracle floor" in md and "vs HF generate" in md
