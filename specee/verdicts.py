@@ -97,7 +97,8 @@ def accuracy_rows(docs, paired_change) -> list[dict]:
             if pc is None:
                 row.update(figure="–", verdict="not testable here", why="no per-item records to pair")
             else:
-                row["figure"] = f"{pc['delta']:+.1f} pt [{pc['lo']:+.1f}, {pc['hi']:+.1f}]"
+                row["figure"] = (f"{pc['delta']:+.1f} pt [{pc['lo']:+.1f}, {pc['hi']:+.1f}]; {pc['changed']} of "
+                                 f"{pc['n']} answers changed ({pc['worse']} to wrong, {pc['better']} to right)")
                 if chance is not None and dense_ci[0] <= 100 * chance:
                     row.update(verdict="not testable here",
                                why=f"dense {row['dense']} reaches chance {100 * chance:.0f}")
