@@ -11,10 +11,13 @@ from tqdm import tqdm
 
 from specee import results
 from specee.bench.power import EnergyMeter
-from specee.bench.speed import hf_generate, match_rate, noisy_reasons, paired_speedup_ci, speed_metrics
+from specee.bench.speed import (hf_generate, match_rate, noisy_reasons, paired_speedup_ci, peer_metrics,
+                                speculation_sources, speed_metrics, time_sides)
 from specee.env import machine_load
 from specee.data import load_prompt_set
-from specee.decoding import build_decoder
+from specee.decoding import build_decoder, build_peer
+from specee.decoding.hf_peer import HFGenerateDecoder
+from specee.decoding.hf_peer import not_applicable as hf_not_applicable
 from specee.decoding.base import generate_lockstep
 from specee.decoding.dense import DenseDecoder
 from specee.early_exit.replay import prompt_sha
@@ -210,6 +213,26 @@ def block_cost_model(rt, ids, mode_gens, rounds: int, measured: float, ci: list)
                                              "mean_block": sum(blocks) / max(len(blocks), 1)}}
 
 
+def build_peer_side(cfg, rt, decoder, eos):
+    """The transformers peer timed beside the mode: for pld, transformers' prompt lookup at the
+    same proposal length and n-gram size; for an hf_ mode, plain generate (its own baseline)."""
+    if cfg.ablation.mode == "pld":
+        return build_peer(cfg, rt, "hf_pld", eos, num_tokens=decoder.num_tokens)
+    if isinstance(decoder, HFGenerateDecoder):
+        return build_peer(cfg, rt, "hf_plain", eos)
+    return None
+
+
+def record_not_applicable(cfg, out, decoder, why: str, prompts: int) -> dict:
+    """A peer transformers cannot run on this model: a result that says so, in one line."""
+    print(f"{cfg.ablation.name}: not applicable: {why}")
+    m = {"not_applicable": why, "prompts": prompts, **{"transformers_peer": decoder.describe()}}
+    path = results.save(out, cfg, m, {"prompts": [], "chat_template": cfg.model.chat_template,
+                                      "device": str(decoder.rt.device)})
+    print(f"wrote {path}")
+    return m
+
+
 def check_disjoint_from_calibration(cfg, prompts: list[dict]) -> None:
     """Evaluation prompts must not be ones the predictors were trained on."""
     if cfg.ablation.mode != "specee":
@@ -237,6 +260,9 @@ def run(cfg) -> dict:
     rt = build_runtime(cfg.runtime, model)
     decoder = build_decoder(cfg, rt, eos_id=generation_eos(cfg, tokenizer))
     dense = DenseDecoder(rt)
+    # A transformers peer timed in the same job: pld beside transformers' prompt lookup at the same
+    # settings (tokens, accepted per step and speed compared); an hf_ peer beside plain generate.
+    peer = build_peer_side(cfg, rt, decoder, generation_eos(cfg, tokenizer))
     # On the compiled runtime, eager dense runs beside it (same weights): the runtime's own gain.
     eager_dense = DenseDecoder(LayerwiseLM(model)) if rt.kind == "compiled" else None
     eos = generation_eos(cfg, tokenizer)
@@ -262,7 +288,14 @@ def run(cfg) -> dict:
                 warm.append(p)
     hf_warm = (lambda ids: hf_generate(model, ids, min(WARMUP_TOKENS, n_new), eos)) \
         if cfg.experiment.compare_hf_generate else None
-    warm_up((dense, decoder, eager_dense), [encode(p["text"], p["id"]) for p in warm], n_new, eos, hf_warm)
+    # Where transformers cannot run a peer on this model: one line in the result, and the sweep goes on.
+    first_ids = encode(warm[0]["text"], warm[0]["id"])
+    if isinstance(decoder, HFGenerateDecoder) and (why := hf_not_applicable(decoder, first_ids, eos)):
+        return record_not_applicable(cfg, out, decoder, why, len(prompts))
+    if peer is not None and (why := hf_not_applicable(peer, first_ids, eos)):
+        print(f"note: {why}; timed without it")
+        peer = None
+    warm_up((dense, decoder, eager_dense, peer), [encode(p["text"], p["id"]) for p in warm], n_new, eos, hf_warm)
     warmed = {warm_key(rt, encode(p["text"], p["id"]).shape[1]) for p in warm}
     stats1 = graph_stats(rt)
     runtime_info = {"kind": rt.kind, "fallback": rt.fallback, "warmup_s": time.perf_counter() - t_warm,
@@ -277,6 +310,7 @@ def run(cfg) -> dict:
     meters = {"mode": EnergyMeter.for_device(rt.device), "dense": EnergyMeter.for_device(rt.device),
               "eager_dense": EnergyMeter.for_device(rt.device)}
     dense_gens, mode_gens, eager_gens, hf_s, hf_tokens_total, hf_match = [], [], [], 0.0, 0, []
+    peer_gens, peer_rows = [], []
     mode_inputs = []
     per_prompt = []
     load_before = machine_load(device=rt.device)
@@ -295,7 +329,7 @@ def run(cfg) -> dict:
                 key = warm_key(rt, ids.shape[1])
                 if key not in warmed:  # a later turn's capacity bucket: compile it untimed, apart
                     before = graph_stats(rt)
-                    warm_up((dense, decoder, eager_dense), [ids], n_new, eos)
+                    warm_up((dense, decoder, eager_dense, peer), [ids], n_new, eos)
                     after = graph_stats(rt)
                     for k in in_loop_warm:
                         in_loop_warm[k] += (after[k] or 0) - (before[k] or 0)
@@ -303,14 +337,9 @@ def run(cfg) -> dict:
                 # Alternate the order (dense, mode), (mode, dense), ... so drift in the machine's
                 # speed (clocks, caches, neighbours) does not favour one side; with interleave=step
                 # the sides also take turns step by step within the request.
-                sides = {"dense": dense, "mode": decoder, "eager_dense": eager_dense}
-                names = [k for k in sides if sides[k] is not None]
-                if cfg.experiment.interleave == "step":
-                    side_gen = dict(zip(names, generate_lockstep([sides[k] for k in names], ids, n_new, eos,
-                                                                 flip=slot % 2 == 1, seed=cfg.seed + slot)))
-                else:
-                    side_gen = {k: sides[k].generate(ids, n_new, eos)
-                                for k in (names if slot % 2 == 0 else names[::-1])}
+                sides = {"dense": dense, "mode": decoder, "eager_dense": eager_dense, "peer": peer}
+                side_gen = time_sides({k: v for k, v in sides.items() if v is not None}, ids, n_new, eos,
+                                      cfg.experiment.interleave, slot, cfg.seed)
                 slot += 1
                 ref, gen = side_gen["dense"], side_gen["mode"]
                 dense_gens.append(ref)
@@ -318,12 +347,22 @@ def run(cfg) -> dict:
                 mode_inputs.append(ids)
                 if eager_dense is not None:
                     eager_gens.append(side_gen["eager_dense"])
+                if peer is not None:
+                    pg = side_gen["peer"]
+                    peer_gens.append(pg)
+                    peer_rows.append({"id": p["id"], "tokens": len(gen.tokens), "decode_s": gen.decode_s,
+                                      "dense_tokens": len(pg.tokens), "dense_decode_s": pg.decode_s,
+                                      "peer_identical": pg.tokens == gen.tokens})
                 row = {"id": p["id"], "category": p["category"], "turn": turn, "prompt_tokens": ids.shape[1],
                        "prompt_sha": prompt_sha(ids),
                        "dense_tokens": len(ref.tokens), "tokens": len(gen.tokens),
                        "match_rate_vs_dense": match_rate([ref.tokens], [gen.tokens]),
                        "decode_s": gen.decode_s, "dense_decode_s": ref.decode_s,
                        "exit_layers": gen.exit_layers, "trace": gen.trace}
+                if peer is not None:
+                    row.update({"peer_tokens": len(side_gen["peer"].tokens), "peer_decode_s": side_gen["peer"].decode_s,
+                                "peer_identical_to_mode": side_gen["peer"].tokens == gen.tokens,
+                                "peer_identical_to_dense": side_gen["peer"].tokens == ref.tokens})
                 if cfg.experiment.compare_hf_generate:
                     hf_tokens, secs = hf_generate(model, ids, n_new, eos)
                     hf_s += secs
@@ -365,7 +404,7 @@ def run(cfg) -> dict:
     m["energy"] = meters["mode"].summary(energy_tokens.get("mode", 0))
     d["energy"] = meters["dense"].summary(energy_tokens.get("dense", 0))
     split_gens, method = mode_gens, decoder.timer().method
-    if rt.device.type == "cuda" and any(g.trace for g in mode_gens):
+    if rt.device.type == "cuda" and any(g.trace for g in mode_gens) and not isinstance(decoder, HFGenerateDecoder):
         # The timed pass read no phase boundaries; a synchronized pass bills each phase its GPU time.
         profiler = build_decoder(cfg, rt, profile_phases=True)
         split_gens = [profiler.generate(encode(p["text"], p["id"]), n_new, eos) for p in prompts]
@@ -374,7 +413,15 @@ def run(cfg) -> dict:
     if cfg.ablation.mode in ("specee", "adainfer"):  # after the clock: the exits against the oracle
         m.update(oracle_gap(LayerwiseLM(model), mode_inputs, mode_gens, len(per_prompt) // max(1, cfg.experiment.repeats),
                              verified=cfg.ablation.mode == "specee"))
-    if cfg.experiment.cost_rounds:
+    if peer is not None:
+        m["peer"] = peer_metrics(peer, peer_gens, peer_rows, dense_gens, mode_gens, rt.num_layers, cfg.seed)
+        m[f"speedup_vs_{peer.name}"] = m["peer"]["mode_speedup_vs_peer"]  # e.g. speedup_vs_hf_pld
+        m[f"speedup_vs_{peer.name}_ci"] = m["peer"]["mode_speedup_vs_peer_ci"]
+    if isinstance(decoder, HFGenerateDecoder):
+        m["transformers_peer"] = {**decoder.describe(), "exit_layer_choice": decoder.choice}
+        m["cost_model"] = {"not_modelled": "transformers' generate runs its own loop: its work is not counted "
+                                           "step by step, so no cost model prices it"}
+    elif cfg.experiment.cost_rounds:
         try:
             m["cost_model"] = cost_model(cfg, rt, decoder, dense, mode_inputs, mode_gens, dense_gens,
                                          m["speedup_vs_dense"], m["speedup_vs_dense_ci"])
@@ -385,9 +432,13 @@ def run(cfg) -> dict:
             print(f"warning: the cost model failed ({type(err).__name__}: {err}); the measured speed is kept")
     if cfg.ablation.mode == "pld":  # Spec-Bench's metrics for a proposal method
         steps = [t for g in mode_gens for t in g.trace]
-        m["prompt_lookup"] = {"num_tokens": cfg.ablation.num_tokens, "ngram_size": cfg.ablation.ngram_size,
+        m["prompt_lookup"] = {"num_tokens": decoder.num_tokens, "num_tokens_setting": cfg.ablation.num_tokens,
+                              "ngram_size": cfg.ablation.ngram_size,
                               "steps": len(steps), "match_share": sum(t["matched"] for t in steps) / max(len(steps), 1),
-                              "proposed_per_step": sum(t["proposed"] for t in steps) / max(len(steps), 1)}
+                              "proposed_per_step": sum(t["proposed"] for t in steps) / max(len(steps), 1),
+                              "num_tokens_choice": decoder.lookup_choice}
+    if any("spec_source" in t for g in mode_gens for t in g.trace):  # specee_pld: which source served
+        m["speculation"] = speculation_sources(mode_gens, rt.num_layers)
     if any("accepted" in t for g in mode_gens for t in g.trace):
         from specee.decoding.tree import mean_accepted_length
         m["mean_accepted_length"] = mean_accepted_length(mode_gens)

@@ -142,7 +142,9 @@ def run(cfg) -> dict:
 
     inputs = [tokenizer(format_conversation(cfg.model.chat_template, [(p.turns[0], None)], tokenizer),
                         return_tensors="pt").input_ids.to(rt.device) for p in prompts]
-    cache_key = _collection_key(rt, draft, inputs, e.calibration.max_new_tokens, k, tokenizer.eos_token_id) \
+    unnormed = e.label == "unnormed"  # only the authors' label reads the un-normed states' heads
+    cache_key = _collection_key(rt, draft, inputs, e.calibration.max_new_tokens, k, tokenizer.eos_token_id,
+                                unnormed) \
         if e.features_cache else None
     per_prompt = _read_features_cache(project_path(e.features_cache), cache_key) if e.features_cache else None
     visited = len(inputs)
@@ -152,7 +154,7 @@ def run(cfg) -> dict:
         per_prompt = []
         bar, collected = tqdm(inputs, desc="collect exit features"), 0
         for visited, ids in enumerate(bar, 1):
-            got = collect_prompt(rt, draft, ids, e.calibration.max_new_tokens, k, tokenizer.eos_token_id)
+            got = collect_prompt(rt, draft, ids, e.calibration.max_new_tokens, k, tokenizer.eos_token_id, unnormed)
             if got:
                 per_prompt.append(got)
                 collected += len(got["label"])
@@ -291,10 +293,11 @@ def _selection_summary(e, layer_metrics: list[dict], va: list[dict], n_sel: int,
 _CACHED = ("feats", "argmax", "argmax_unnormed", "ada", "spec", "label", "label_unnormed", "in_spec")
 
 
-def _collection_key(rt, draft, inputs, max_new_tokens: int, k: int, eos_id) -> str:
+def _collection_key(rt, draft, inputs, max_new_tokens: int, k: int, eos_id, unnormed: bool = False) -> str:
     """What the collected features are a function of: base and draft weights, the prompts' token ids
     and the decoding settings (so a cache from other weights, prompts or settings is never reused)."""
-    h = hashlib.sha256(repr((max_new_tokens, k, eos_id, str(rt.dtype), str(rt.device))).encode())
+    h = hashlib.sha256(repr((max_new_tokens, k, eos_id, str(rt.dtype), str(rt.device))
+                            + (("unnormed",) if unnormed else ())).encode())
     for module in (rt.model, draft):
         for name, t in sorted(module.state_dict().items()):
             h.update(name.encode())
@@ -315,7 +318,7 @@ def _read_features_cache(path, key: str):
                 print(f"features cache {path} was collected from other weights, prompts or settings; recollecting")
                 return None
             n = int(z["prompts"])
-            return [{name: z[f"{i}_{name}"] for name in _CACHED} for i in range(n)]
+            return [{name: z[f"{i}_{name}"] for name in _CACHED if f"{i}_{name}" in z} for i in range(n)]
     except (OSError, ValueError, KeyError) as err:
         print(f"features cache {path} is unreadable ({type(err).__name__}); recollecting")
         return None
@@ -323,7 +326,7 @@ def _read_features_cache(path, key: str):
 
 def _write_features_cache(path, key: str, per_prompt: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {f"{i}_{name}": r[name] for i, r in enumerate(per_prompt) for name in _CACHED}
+    arrays = {f"{i}_{name}": r[name] for i, r in enumerate(per_prompt) for name in _CACHED if name in r}
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, key=np.array(key), prompts=np.array(len(per_prompt)), **arrays)
     tmp.replace(path)

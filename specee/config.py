@@ -81,7 +81,9 @@ class PlacementConfig:
 @dataclass
 class AblationConfig:
     name: str = MISSING
-    mode: str = "dense"  # dense | specee | adainfer | eagle | pld
+    # dense | specee | adainfer | eagle | pld | hf_pld | hf_self_spec (the hf_ ones: transformers'
+    # own generate, timed beside the harness's dense as peer baselines)
+    mode: str = "dense"
     decoding: str = "autoregressive"  # autoregressive | tree  (specee only; eagle is always tree)
     tree: Any = "small"  # small | mc_sim_7b_63 | root | list of paths (EAGLE choices)
     mapping: str = "merged"  # independent | merged  (early exit inside the tree)
@@ -94,10 +96,19 @@ class AblationConfig:
     tree_select: str = "fixed"
     tree_max_nodes: int = 32  # auto: the largest tree considered (nodes besides the root)
     tree_calibration_prompts: int = 8  # auto: calibration prompts the acceptance is measured on
-    # pld (prompt lookup): tokens proposed per step, and the longest n-gram looked up (transformers'
-    # prompt_lookup_num_tokens and max_matching_ngram_size defaults)
-    num_tokens: int = 10
+    # pld / hf_pld (prompt lookup): tokens proposed per step, and the longest n-gram looked up
+    # (transformers' prompt_lookup_num_tokens and max_matching_ngram_size defaults). pld also takes
+    # num_tokens=auto: the length with the most tokens per unit time from c(n) measured here and an
+    # exact replay on calibration prompts (specee/decoding/auto_settings.py)
+    num_tokens: Any = 10
     ngram_size: int = 2
+    # hf_self_spec: the draft's depth in layers (transformers' assistant_early_exit); auto: chosen
+    # from the agreement by layer on calibration prompts and the costs measured here
+    exit_layer: Any = "auto"
+    lookup_calibration_prompts: int = 12  # num_tokens/exit_layer=auto: calibration prompts used
+    # specee: where the speculative token set comes from. draft: the EAGLE head's top-k;
+    # prompt_lookup: from the text so far when an n-gram matches (no draft cost), the head otherwise
+    speculation: str = "draft"
 
 
 @dataclass
@@ -452,10 +463,11 @@ def validate(cfg) -> None:
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise SpeceeError(f"model.dtype={cfg.model.dtype!r} is unknown; valid: float32, bfloat16, float16")
     a = cfg.ablation
-    if a.mode not in ("dense", "specee", "adainfer", "eagle", "pld"):
-        raise SpeceeError(f"ablation.mode={a.mode!r} is unknown; valid: dense, specee, adainfer, eagle, pld")
-    if a.mode == "pld" and a.decoding != "autoregressive":
-        raise SpeceeError("ablation.mode=pld verifies one proposal per step; set ablation.decoding=autoregressive")
+    if a.mode not in MODES:
+        raise SpeceeError(f"ablation.mode={a.mode!r} is unknown; valid: {', '.join(MODES)}")
+    if a.mode in ("pld", "hf_pld", "hf_self_spec") and a.decoding != "autoregressive":
+        raise SpeceeError(f"ablation.mode={a.mode} verifies one proposal per step; set ablation.decoding=autoregressive")
+    check_peer_settings(cfg)
     if a.decoding not in ("autoregressive", "tree"):
         raise SpeceeError(f"ablation.decoding={a.decoding!r} is unknown; valid: autoregressive, tree")
     if a.mapping not in ("independent", "merged"):
@@ -596,8 +608,8 @@ LIMITS: dict[type, dict[str, tuple]] = {
     EarlyExitConfig: {"k": (1, INT_MAX), "threshold": (0.0, 1.0)},
     PlacementConfig: {"m": (1, INT_MAX), "coverage": (0.0, 1.0), "n_history": (1, INT_MAX)},
     RuntimeConfig: {"max_block": (1, INT_MAX)},
-    AblationConfig: {"tree_max_nodes": (1, 63), "tree_calibration_prompts": (1, 200), "num_tokens": (1, 64),
-                     "ngram_size": (1, 16)},
+    AblationConfig: {"tree_max_nodes": (1, 63), "tree_calibration_prompts": (1, 200), "ngram_size": (1, 16),
+                     "lookup_calibration_prompts": (1, 200)},
     DatasetConfig: {"max_new_tokens": (1, INT_MAX), "turns": (1, INT_MAX)},
     SpeedExperiment: {"repeats": (1, INT_MAX), "cost_rounds": (0, 10_000)},
     TrainBaseExperiment: {**{k: (1, INT_MAX) for k in (
@@ -640,7 +652,8 @@ CHOICES: dict[type, dict[str, Any]] = {
     EarlyExitConfig: {"kv_policy": ("holes", "propagate"), "delta_from": ("previous_layer", "previous_evaluated"),
                       "calibration": ("global", "per_layer")},
     AblationConfig: {"tree_select": ("fixed", "auto"),
-                     "mode": ("dense", "specee", "adainfer", "eagle", "pld"), "decoding": ("autoregressive", "tree"),
+                     "mode": lambda: MODES, "decoding": ("autoregressive", "tree"),
+                     "speculation": ("draft", "prompt_lookup"),
                      "mapping": ("independent", "merged"), "tree_exit_rule": ("all_paths", "any_path")},
     RuntimeConfig: {"kind": ("eager", "compiled"),
                     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")},
@@ -789,6 +802,38 @@ def _check_value(key: str, value, hint, limits, choices) -> None:
                 raise SpeceeError(f"{key}[{i}]={item!r} is not a {kind.__name__}; give a flat list, e.g. {key}=[a,b]")
             if isinstance(item, str) and _bad_text(item):
                 raise SpeceeError(f"{key}[{i}]={item!r} must be non-empty one-line text")
+
+
+MODES = ("dense", "specee", "adainfer", "eagle", "pld", "hf_pld", "hf_self_spec")
+
+
+def check_peer_settings(cfg) -> None:
+    """ablation.num_tokens (1..64, or auto for pld and specee_pld), ablation.exit_layer (1..L-1 or
+    auto, hf_self_spec) and ablation.speculation (specee, autoregressive) in one line each."""
+    a = cfg.ablation
+    lookup = a.mode in ("pld", "hf_pld") or (a.mode == "specee" and a.speculation == "prompt_lookup")
+    n = a.num_tokens
+    if n == "auto":
+        if a.mode == "hf_pld":
+            raise SpeceeError("ablation.num_tokens=auto is the harness's choice for its own pld; hf_pld runs "
+                              "transformers' prompt lookup at a fixed length: give ablation.num_tokens=N (1..64)")
+    elif isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+        raise SpeceeError(f"ablation.num_tokens={n!r} must be a whole number in [1, 64]"
+                          + (" or auto" if lookup and a.mode != "hf_pld" else ""))
+    k = a.exit_layer
+    if a.mode == "hf_self_spec" and k != "auto":
+        L = cfg.model.num_layers  # known here for a random-init cut; else checked when the model loads
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (L is not None and k >= L):
+            raise SpeceeError(check_exit_layer_text(k, L))
+    if a.speculation == "prompt_lookup" and not (a.mode == "specee" and a.decoding == "autoregressive"):
+        raise SpeceeError(f"ablation.speculation=prompt_lookup is autoregressive SpecEE's speculative set from the "
+                          f"prompt; ablation={a.name} (mode {a.mode}, {a.decoding}) has none: use specee_pld")
+
+
+def check_exit_layer_text(k, L) -> str:
+    return (f"ablation.exit_layer={k!r} must be auto or a layer count in [1, {L - 1}] (the draft is the "
+            f"model's first k of its {L} layers)" if L else
+            f"ablation.exit_layer={k!r} must be auto or a whole number of layers >= 1, below the model's layer count")
 
 
 def check_fields(cfg, cls: type = None, prefix: str = "") -> None:

@@ -31,6 +31,7 @@ LOSS_BOUND = -1.0  # points of accuracy
 
 
 def kind(doc) -> str:
+    """Which experiment wrote a result (its recipe module's name): speed, accuracy, stats, ..."""
     return doc["config"]["experiment"]["_target_"].split(".")[1]
 
 

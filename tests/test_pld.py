@@ -76,7 +76,7 @@ def test_bad_settings_are_refused():
             PromptLookupDecoder(rt, n, g)
 
 
-@pytest.mark.parametrize("override, message", [("ablation.num_tokens=0", "ablation.num_tokens=0 must be >= 1"),
+@pytest.mark.parametrize("override, message", [("ablation.num_tokens=0", "ablation.num_tokens=0 must be a whole number in [1, 64] or auto"),
                                                ("ablation.ngram_size=0", "ablation.ngram_size=0 must be >= 1"),
                                                ("ablation.decoding=tree", "ablation.mode=pld verifies one proposal")])
 def test_bad_pld_config_is_one_line(override, message, tmp_path):
@@ -87,6 +87,7 @@ def test_bad_pld_config_is_one_line(override, message, tmp_path):
 def test_pld_speed_run_writes_its_figures(tmp_path):
     res = run_cli("experiment=speed", "model=tiny", "ablation=pld", "dataset.count=1", "dataset.categories=[summarization]",
                   "dataset.max_new_tokens=12", "experiment.repeats=1", "experiment.cost_rounds=3", "threads=1",
+                  "ablation.lookup_calibration_prompts=2",
                   f"hydra.run.dir={tmp_path}")
     assert res.returncode == 0, res.stderr[-2000:]
     import json
@@ -96,5 +97,16 @@ def test_pld_speed_run_writes_its_figures(tmp_path):
     assert lo <= m["speedup_vs_dense"] <= hi
     c = m["cost_model"]
     assert "block_costs" in c and c["modelled_speedup_vs_dense"] > 0 and "1" in c["block_costs"]["median_us"]
-    assert m["prompt_lookup"]["num_tokens"] == 10 and 0 <= m["prompt_lookup"]["match_share"] <= 1
+    pl = m["prompt_lookup"]
+    assert pl["num_tokens_setting"] == "auto" and 0 <= pl["match_share"] <= 1
+    choice = pl["num_tokens_choice"]  # the length chosen from c(n) measured here, and why
+    assert pl["num_tokens"] == choice["chosen"] and 1 <= choice["chosen"] <= 16
+    assert abs(choice["predicted_speedup"] - max(choice["predicted_speedup_by_num_tokens"].values())) < 1e-3
+    assert set(choice["calibration_prompt_ids"]).isdisjoint({p["id"] for p in json.loads(
+        (tmp_path / "results.json").read_text())["prompts"]})  # calibration disjoint from evaluation
+    # transformers' prompt lookup at the same settings, in the same run: same tokens, same tau (within 5 %)
+    p = m["peer"]
+    assert p["name"] == "hf_pld" and p["generate_kwargs"]["prompt_lookup_num_tokens"] == pl["num_tokens"]
+    assert p["identical_to_mode_share"] == 1.0 and abs(p["mode_over_peer_accepted_length"] - 1) <= 0.05
+    assert m["speedup_vs_hf_pld"] == p["mode_speedup_vs_peer"]
     assert (ROOT / "conf" / "ablation" / "pld.yaml").is_file()

@@ -93,7 +93,8 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
         # AdaInfer: each predictor call is full logits + SVM decision (priced as adainfer_probe).
         "adainfer_probes": s("pred_calls") / n if mode == "adainfer" else 0.0,
         # SpecEE AR: one draft proposal (draft layer + draft head + top-K read) per step.
-        "draft_steps": len(trace) / n if (mode == "specee" and not tree) else 0.0,
+        # (SpecEE with prompt-lookup speculation: only the steps the draft served, draft_calls.)
+        "draft_steps": sum(t.get("draft_calls", 1) for t in trace) / n if (mode == "specee" and not tree) else 0.0,
         # tree modes: one tree draft per verification step.
         "draft_trees": len(trace) / n if tree else 0.0,
         # every host read of a device value the step did (PhaseTimer's count).

@@ -107,3 +107,59 @@ def noisy_reasons(m: dict, mode: str, load_before: dict, load_after: dict, multi
                            + (f", GPU utilisation {load['gpu_utilization_pct']}%" if load.get("gpu_utilization_pct") else "")
                            + ")")
     return reasons
+
+
+def time_sides(sides: dict, ids, max_new_tokens: int, eos_id, interleave: str, slot: int, seed: int) -> dict:
+    """One request through every side, paired. Decoders with steps advance in lockstep when
+    ``interleave`` is step (:func:`generate_lockstep`); a side that runs a whole request at once
+    (transformers' generate) runs before them on even slots and after them on odd ones, so no side
+    always follows another. With ``interleave`` request every side runs whole, in an order that
+    reverses every slot."""
+    from specee.decoding.base import generate_lockstep
+    stepped = [k for k, d in sides.items() if hasattr(d, "step")]
+    whole = [k for k in sides if k not in stepped]
+    if interleave != "step" or len(stepped) < 2:
+        names = list(sides) if slot % 2 == 0 else list(sides)[::-1]
+        return {k: sides[k].generate(ids, max_new_tokens, eos_id) for k in names}
+    out = {}
+    if slot % 2 == 0:
+        out.update({k: sides[k].generate(ids, max_new_tokens, eos_id) for k in whole})
+    out.update(zip(stepped, generate_lockstep([sides[k] for k in stepped], ids, max_new_tokens, eos_id,
+                                              flip=slot % 2 == 1, seed=seed + slot)))
+    if slot % 2 == 1:
+        out.update({k: sides[k].generate(ids, max_new_tokens, eos_id) for k in whole[::-1]})
+    return out
+
+
+def peer_metrics(peer, peer_gens, peer_rows: list[dict], dense_gens, mode_gens, num_layers: int, seed: int) -> dict:
+    """The transformers peer timed in the same job: its own speed and tau, its tokens against dense
+    and against the mode, and the mode's speed against it with a paired interval over prompts."""
+    from specee.decoding.tree import mean_accepted_length
+    p = speed_metrics(peer_gens, num_layers)
+    d = speed_metrics(dense_gens, num_layers)
+    m = speed_metrics(mode_gens, num_layers)
+    tau_peer = mean_accepted_length(peer_gens)
+    tau_mode = mean_accepted_length(mode_gens) if any("accepted" in t for g in mode_gens for t in g.trace) else None
+    return {**peer.describe(), "name": peer.name,
+            "decode_tokens_per_s": p["decode_tokens_per_s"], "ms_per_token": 1e3 / p["decode_tokens_per_s"],
+            "speedup_vs_dense": p["decode_tokens_per_s"] / d["decode_tokens_per_s"],
+            "mode_speedup_vs_peer": m["decode_tokens_per_s"] / p["decode_tokens_per_s"],
+            "mode_speedup_vs_peer_ci": paired_speedup_ci(peer_rows, seed=seed),
+            "mean_accepted_length": tau_peer,
+            "mode_over_peer_accepted_length": (tau_mode / tau_peer) if tau_mode and tau_peer else None,
+            "match_rate_vs_dense": match_rate([g.tokens for g in dense_gens], [g.tokens for g in peer_gens]),
+            "identical_to_mode_share": sum(r["peer_identical"] for r in peer_rows) / max(len(peer_rows), 1)}
+
+
+def speculation_sources(gens, num_layers: int) -> dict:
+    """SpecEE with prompt-lookup speculation: how often each source (the prompt, the draft) gave
+    the speculative set, and how often a step it served left the stack early."""
+    trace = [t for g in gens for t in g.trace]
+    out = {"steps": len(trace)}
+    for source in ("prompt", "draft"):
+        steps = [t for t in trace if t.get("spec_source") == source]
+        out[source] = {"share": len(steps) / max(len(trace), 1),
+                       "exit_rate": sum(t["exit_layer"] < num_layers - 1 for t in steps) / len(steps) if steps else None,
+                       "avg_layers": sum(t["exit_layer"] + 1 for t in steps) / len(steps) if steps else None}
+    out["draft_calls_per_token"] = sum(t.get("draft_calls", 1) for t in trace) / max(len(trace), 1)
+    return out

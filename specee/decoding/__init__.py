@@ -58,12 +58,23 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
         decoder = TreeDecoder(rt, draft, tree, bank, schedule, a.mapping, ee.k, ee.kv_policy, replay, ee.delta_from,
                               a.tree_exit_rule)
         decoder.tree_choice = choice
+    elif mode == "specee" and a.speculation == "prompt_lookup":
+        from specee.decoding.specee_ar import PromptLookupSpecEEDecoder
+        decoder = PromptLookupSpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow, replay,
+                                            ee.delta_from, ngram_size=a.ngram_size)
     elif mode == "specee":
         from specee.decoding.specee_ar import SpecEEDecoder
         decoder = SpecEEDecoder(rt, draft, bank, ee.k, ee.kv_policy, schedule, shadow, replay, ee.delta_from)
     elif mode == "pld":
         from specee.decoding.pld import PromptLookupDecoder
-        decoder = PromptLookupDecoder(rt, a.num_tokens, a.ngram_size, eos_id)
+        choice = None
+        if a.num_tokens == "auto":  # the proposal length with the most tokens per unit time here
+            from specee.decoding.auto_settings import auto_num_tokens
+            choice = auto_num_tokens(cfg, rt, eos_id)
+        decoder = PromptLookupDecoder(rt, choice["chosen"] if choice else a.num_tokens, a.ngram_size, eos_id)
+        decoder.lookup_choice = choice
+    elif mode in ("hf_pld", "hf_self_spec"):
+        decoder = build_peer(cfg, rt, mode, eos_id)
     elif mode == "adainfer":
         from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
         if random_init:
@@ -73,6 +84,28 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
             check_trained_for(svm.card, ee.adainfer_path, rt.model, "AdaInfer classifier")
         decoder = AdaInferDecoder(rt, svm, ee.kv_policy)
     else:
-        raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer, eagle, pld")
+        raise SpeceeError(f"ablation.mode={mode!r} has no decoder; valid: dense, specee, adainfer, eagle, pld, "
+                          "hf_pld, hf_self_spec")
     decoder.profile_phases = profile_phases
+    return decoder
+
+
+def build_peer(cfg, rt, mode: str, eos_id=None, num_tokens: int | None = None):
+    """A transformers ``generate`` peer: ``mode`` hf_pld, hf_self_spec or hf_plain (the peers' own
+    baseline), at the ablation's settings (``exit_layer=auto`` chosen here, recorded as ``choice``)."""
+    from specee.config import check_exit_layer_text
+    from specee.decoding.hf_peer import HFGenerateDecoder, peer_kwargs
+    a, choice, k = cfg.ablation, None, None
+    if mode == "hf_self_spec":
+        k = a.exit_layer
+        if k == "auto":
+            from specee.decoding.auto_settings import auto_exit_layer
+            choice = auto_exit_layer(cfg, rt, eos_id)
+            k = choice["chosen"]
+        elif k >= rt.num_layers:
+            raise SpeceeError(check_exit_layer_text(k, rt.num_layers))
+    if num_tokens is None:
+        num_tokens = a.num_tokens if a.num_tokens != "auto" else 10
+    decoder = HFGenerateDecoder(rt.model, rt, mode, **peer_kwargs(mode, num_tokens, a.ngram_size, k))
+    decoder.choice = choice
     return decoder

@@ -63,11 +63,12 @@ class PromptLookupDecoder(LoopDecoder):
             raise SpeceeError(f"prompt lookup needs ablation.num_tokens >= 1 and ablation.ngram_size >= 1, "
                               f"not {num_tokens} and {ngram_size}")
         self.rt, self.num_tokens, self.ngram_size, self.eos_id = rt, num_tokens, ngram_size, eos_id
+        from specee.decoding.dense import DenseDecoder
+        self._dense = DenseDecoder(rt)  # scores: prompt lookup is lossless, so it scores as dense does
 
     def score(self, context_ids, continuation: list[int], exit_at_context_end: bool = True):
         """Teacher-forced scoring: prompt lookup is lossless, so it scores as dense does."""
-        from specee.decoding.dense import DenseDecoder
-        return DenseDecoder(self.rt).score(context_ids, continuation, exit_at_context_end)
+        return self._dense.score(context_ids, continuation, exit_at_context_end)
 
     @torch.inference_mode()
     def prefill(self, prompt_ids, max_new_tokens: int):

@@ -192,3 +192,93 @@ class SpecEEDecoder(LoopDecoder):
             feats.append(f.view(-1))
             layers.append(exit_layer + 1)
         return score_from_logits(rt.lm_head(torch.stack(feats)), continuation, layers)
+
+
+def lookup_set(ids: list[int], k: int, ngram_size: int, counts=None) -> list[int]:
+    """SpecEE's speculative set from the text so far: the tokens that followed earlier occurrences
+    of its last ``ngram_size`` tokens, most recent first, then those after shorter suffixes, then
+    (``counts``, a Counter of the text's tokens) its most frequent tokens, until ``k`` distinct
+    ones are found. Empty unless the full ``ngram_size``-gram occurs earlier (a shorter match alone
+    is too weak a guess to stand in for the draft). Copied text usually has one continuation, so
+    the fill matters: the predictors read k tokens' logits."""
+    out = _continuations(ids, k, ngram_size)
+    if out and counts is not None and len(out) < k:
+        for tok, _ in counts.most_common(2 * k):
+            if tok not in out:
+                out.append(tok)
+                if len(out) == k:
+                    break
+    return out
+
+
+def _continuations(ids: list[int], k: int, ngram_size: int) -> list[int]:
+    out: list[int] = []
+    top = min(ngram_size, len(ids) - 1)
+    if top < ngram_size:
+        return []
+    for n in range(top, 0, -1):
+        tail = ids[-n:]
+        for start in range(len(ids) - n - 1, -1, -1):
+            if ids[start:start + n] == tail and ids[start + n] not in out:
+                out.append(ids[start + n])
+                if len(out) == k:
+                    return out
+        if n == top and not out:
+            return []
+    return out
+
+
+@dataclass
+class LookupARSession(ARSession):
+    ids: list = None  # prompt + emitted tokens (host), for the lookup
+    pending: list = None  # (token, feature) pairs the draft has not read yet (prompt-sourced steps)
+    counts: object = None  # Counter of ``ids`` (the set's fill)
+
+
+class PromptLookupSpecEEDecoder(SpecEEDecoder):
+    """SpecEE with prompt-lookup speculation (``specee_pld``): when the last ``ngram_size`` tokens
+    occur earlier in the text, the speculative set S is the ``k`` tokens that followed them, filled
+    with the text's most frequent tokens (:func:`lookup_set`), and the draft head does not run; otherwise the EAGLE head proposes S, after
+    reading the (token, feature) pairs of the steps it skipped in one block (its cache stays whole).
+    Predictors, schedule and the verification are SpecEE's, unchanged."""
+    name = "specee_pld"
+
+    def __init__(self, *args, ngram_size: int = 2, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ngram_size = ngram_size
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids, max_new_tokens: int):
+        s, token = super().prefill(prompt_ids, max_new_tokens)
+        from collections import Counter
+        ids = prompt_ids[0].tolist() + [token]
+        session = LookupARSession(s.cache, s.dcache, s.state, s.token, s.f, s.replay,
+                                  ids=ids, pending=[], counts=Counter(ids))
+        return session, token
+
+    @torch.inference_mode()
+    def step(self, s: LookupARSession) -> Step:
+        timer = self.timer()
+        timer.start()
+        spec_list = lookup_set(s.ids, self.k, self.ngram_size, s.counts)
+        if len(spec_list) == self.k:
+            spec, source, draft_calls = timer.to_device(spec_list, dtype=torch.long), "prompt", 0
+            s.pending.append((s.token, s.f))
+        else:
+            tokens = torch.stack([t for t, _ in s.pending] + [s.token]).view(1, -1)
+            feats = torch.cat([f for _, f in s.pending] + [s.f], 1)
+            f_hat = self.draft(tokens, feats, s.dcache)
+            spec = self.draft.topk(f_hat[0, -1], self.k)
+            spec_list, source, draft_calls = timer.host_list(spec), "draft", 1
+            s.pending = []
+        timer.lap("draft")
+        target = self.replay.target(s.replay) if self.replay else None
+        s.token, s.f, exit_layer, trace = self.decode_one_token(s.token, spec, spec_list, s.cache, s.state,
+                                                                timer, target)
+        token = timer.host_int(s.token)
+        s.ids.append(token)
+        s.counts[token] += 1
+        trace.update({"spec": spec_list, "spec_source": source, "draft_calls": draft_calls})
+        if target is not None:
+            trace["replay_target"] = target
+        return Step([token], exit_layer, trace | timer.trace())

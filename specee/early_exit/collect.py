@@ -20,7 +20,9 @@ from specee.runtime import LayerwiseLM
 
 @torch.inference_mode()
 def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens: int, k: int,
-                   eos_id: int | None) -> dict[str, np.ndarray]:
+                   eos_id: int | None, unnormed: bool = False) -> dict[str, np.ndarray]:
+    """``unnormed``: also the un-normed states' argmaxes (``label_unnormed``, the authors' label);
+    it doubles the batched LM head per token, so only the recipe that reads it asks for it."""
     cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
     dcache = draft.new_cache(prompt_ids.shape[1] + max_new_tokens)
     f = rt.norm(rt.forward(prompt_ids, cache))
@@ -50,12 +52,13 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
 
         walk_layers(rt, h, rope, cache, pos, None, every_layer, record, timer)
         cache.seq_len += 1
-        logits = rt.lm_head(torch.stack(normeds + raws))  # (2L, V) in one product
-        argmaxes = logits.argmax(-1)
         L = len(normeds)
+        logits = rt.lm_head(torch.stack(normeds + (raws if unnormed else [])))  # (L or 2L, V), one product
+        argmaxes = logits.argmax(-1)
         rows["feats"].append(torch.stack(feats).float())
         rows["argmax"].append(argmaxes[:L])
-        rows["argmax_unnormed"].append(argmaxes[L:])
+        if unnormed:
+            rows["argmax_unnormed"].append(argmaxes[L:])
         rows["ada"].append(adainfer_features(logits[:L]).float())
         rows["spec"].append(spec)
         normed = normeds[-1]
@@ -63,9 +66,10 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
         generated += 1
     if not rows["feats"]:
         return {}
-    out = {k_: torch.stack(v).cpu().numpy() for k_, v in rows.items()}
+    out = {k_: torch.stack(v).cpu().numpy() for k_, v in rows.items() if v}
     final = out["argmax"][:, -1:]
     out["label"] = out["argmax"] == final  # (T, L)
-    out["label_unnormed"] = out["argmax_unnormed"] == final
+    if unnormed:
+        out["label_unnormed"] = out["argmax_unnormed"] == final
     out["in_spec"] = (out["argmax"][:, :, None] == out["spec"][:, None, :]).any(-1)
     return out

@@ -1,0 +1,108 @@
+"""Peer baselines run by transformers' own ``generate``: reference implementations no one here wrote.
+
+* ``hf_pld``: prompt lookup decoding, ``generate(prompt_lookup_num_tokens=N,
+  max_matching_ngram_size=n)``;
+* ``hf_self_spec``: early-exit self-speculation (LayerSkip-style), ``generate(assistant_early_exit=k)``:
+  the model's first k layers and its own LM head draft, the whole stack verifies;
+* ``hf_plain``: plain greedy ``generate``, the peers' own baseline.
+
+They are timed beside the harness's decoders through the same :class:`Generation` record. A
+streamer marks each step's end: transformers hands it the tokens a step accepted (after the
+prompt, the first token alone: the prefill), so the first mark ends the prefill and each later
+one a verification step, whose time is shared equally by its tokens — as the harness's own
+multi-token steps are. The mean accepted tokens per step (Spec-Bench's tau) counts those marks.
+The marks read the tokens on the host, a sync; plain generate pays the same per step.
+"""
+from __future__ import annotations
+
+import torch
+
+from specee.decoding.base import Clock, Generation, PhaseTimer
+from specee.errors import SpeceeError
+
+PEERS = {"hf_pld": "transformers' prompt lookup, generate(prompt_lookup_num_tokens=N)",
+         "hf_self_spec": "transformers' early-exit self-speculation, generate(assistant_early_exit=k)",
+         "hf_plain": "transformers' plain greedy generate"}
+
+
+class _StepMarks:
+    """A generate streamer that records the time and size of every put (the first is the prompt)."""
+
+    def __init__(self, clock: Clock):
+        self.clock, self.times, self.sizes = clock, [], []
+
+    def put(self, value) -> None:
+        self.sizes.append(int(value.numel()))
+        self.times.append(self.clock())
+
+    def end(self) -> None:
+        pass
+
+
+class HFGenerateDecoder:
+    """``generate(prompt_ids, max_new_tokens, eos_id) -> Generation`` through ``model.generate``
+    with the peer's keyword arguments. Not a step decoder: a request runs whole (it cannot take
+    turns step by step with the harness's decoders)."""
+    multi_token = True
+    profile_phases = False
+
+    def __init__(self, model, rt, name: str, **generate_kwargs):
+        if name not in PEERS:
+            raise SpeceeError(f"unknown transformers peer {name!r}; valid: {', '.join(PEERS)}")
+        self.model, self.rt, self.name, self.kwargs = model, rt, name, generate_kwargs
+        self.source = PEERS[name]
+
+    def timer(self) -> PhaseTimer:
+        return PhaseTimer(self.rt.device)
+
+    def describe(self) -> dict:
+        return {"implementation": self.source, "generate_kwargs": dict(self.kwargs)}
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids, max_new_tokens: int, eos_id: int | None = None, stop=None) -> Generation:
+        if stop is not None:  # a warm-up's early stop: transformers' generate takes a budget instead
+            max_new_tokens = min(max_new_tokens, 8)
+        clock = Clock(prompt_ids.device)
+        marks = _StepMarks(clock)
+        t0 = clock()
+        out = self.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=max_new_tokens,
+                                  do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id if eos_id is not None else 0,
+                                  temperature=None, top_p=None, top_k=None, streamer=marks, **self.kwargs)
+        t_end = clock()
+        tokens = out[0, prompt_ids.shape[1]:].tolist()
+        times, sizes = marks.times[1:], marks.sizes[1:]  # the first put is the prompt itself
+        if not tokens or not times or sum(sizes) != len(tokens):
+            raise SpeceeError(f"{self.name}: transformers' generate streamed {sum(sizes)} tokens but returned "
+                              f"{len(tokens)}; its step times cannot be read")
+        token_s, trace = [times[0] - t0] * 1, []
+        if sizes[0] > 1:  # self-speculation verifies its first draft inside the prefill forward:
+            token_s = [(times[0] - t0) / sizes[0]] * sizes[0]  # those tokens share that forward's time
+        ends = times[1:-1] + [t_end] if len(times) > 1 else []
+        for start, end, n in zip(times, ends, sizes[1:]):
+            token_s += [(end - start) / n] * n
+            trace.append({"accepted": n, "emitted": n, "exit_layer": self.rt.num_layers - 1, "layers": self.rt.num_layers,
+                          "pred_calls": 0, "verify_calls": 0})
+        L = self.rt.num_layers
+        return Generation(tokens, token_s[0], token_s, [L] * len(tokens), trace)
+
+
+def peer_kwargs(mode: str, num_tokens: int, ngram_size: int, exit_layer: int | None) -> dict:
+    """transformers' generate arguments for a peer mode."""
+    if mode == "hf_pld":
+        return {"prompt_lookup_num_tokens": int(num_tokens), "max_matching_ngram_size": int(ngram_size)}
+    if mode == "hf_self_spec":
+        return {"assistant_early_exit": int(exit_layer)}
+    return {}
+
+
+def not_applicable(decoder: HFGenerateDecoder, prompt_ids, eos_id) -> str | None:
+    """Why transformers cannot run this peer on this model (one line), or None when it can: a short
+    generation is tried, and transformers' own refusal is the reason."""
+    try:
+        decoder.generate(prompt_ids, 2, eos_id)
+    except SpeceeError as err:
+        return str(err)
+    except (ValueError, TypeError, AttributeError, NotImplementedError, RuntimeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return f"transformers cannot run {decoder.name} on this model: {type(err).__name__}: {first[:300]}"
+    return None
