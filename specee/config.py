@@ -825,6 +825,10 @@ def check_peer_settings(cfg) -> None:
         L = cfg.model.num_layers  # known here for a random-init cut; else checked when the model loads
         if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (L is not None and k >= L):
             raise SpeceeError(check_exit_layer_text(k, L))
+    kind = cfg.experiment._target_.split(".")[1]
+    if (a.mode in ("hf_pld", "hf_self_spec") or a.speculation == "prompt_lookup") and kind != "speed":
+        raise SpeceeError(f"ablation={a.name} is a speed baseline (transformers' generate, or speculation that "
+                          f"only decoding uses): run it with experiment=speed, not experiment={kind}")
     if a.speculation == "prompt_lookup" and not (a.mode == "specee" and a.decoding == "autoregressive"):
         raise SpeceeError(f"ablation.speculation=prompt_lookup is autoregressive SpecEE's speculative set from the "
                           f"prompt; ablation={a.name} (mode {a.mode}, {a.decoding}) has none: use specee_pld")

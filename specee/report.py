@@ -19,8 +19,10 @@ import seaborn as sns
 from specee.errors import SpeceeError  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-ABLATION_ORDER = ["dense", "adainfer", "eagle", "specee_t1", "specee_t1_t2", "specee_t1_t2_tuned", "specee_full",
-                  "specee_full_tuned"]
+ABLATION_ORDER = ["dense", "pld", "hf_pld", "hf_self_spec", "adainfer", "eagle", "specee_t1", "specee_t1_t2",
+                  "specee_t1_t2_tuned", "specee_pld", "specee_full", "specee_full_tuned"]
+# The methods a user would pick instead of SpecEE (no training, or transformers' own).
+PEER_METHODS = ("pld", "hf_pld", "hf_self_spec", "specee_pld")
 # The paper's cumulative steps; a tuned option (calibration beyond the paper) sits beside its step.
 STAIRCASE = [("dense", "dense"), ("specee_t1", "T1"), ("specee_t1_t2", "T1+T2"), ("specee_t1_t2_tuned", "T1+T2 tuned"),
              ("specee_full", "T1+T2+T3"), ("specee_full_tuned", "T1+T2+T3 tuned")]
@@ -82,21 +84,10 @@ def _order(names):
 def fig_speedup_per_category(docs):
     """Per Spec-Bench category: few prompts per cell, so every cell carries its n and its 95%
     interval over prompts; the staircase (all prompts together) is the page to read first."""
-    from specee.bench.speed import paired_speedup_ci
     speed = _by_kind(docs, "speed")
     if not speed:
         raise Skip("no speed results")
-    cells = {}
-    for d in speed:
-        by_cat = defaultdict(list)
-        for p in d.get("prompts", []):
-            if "decode_s" in p:
-                by_cat[p["category"]].append(p)
-        for cat, rows in by_cat.items():
-            t, s_, dt, ds = (sum(r[k] for r in rows) for k in ("tokens", "decode_s", "dense_tokens", "dense_decode_s"))
-            t, dt = t - len(rows), dt - len(rows)
-            if s_ > 0 and ds > 0 and dt > 0:
-                cells[(cat, _name(d))] = ((t / s_) / (dt / ds), paired_speedup_ci(rows), len({r["id"] for r in rows}))
+    cells = {(cat, _name(d)): cell for d in speed for cat, cell in _category_cells(d).items()}
     if not cells:
         raise Skip("speed results carry no per-prompt timings")
     cats = sorted({c for c, _ in cells})
@@ -268,7 +259,9 @@ def fig_context_similarity(docs):
 
 
 def fig_overhead(docs):
-    speed = [d for d in _by_kind(docs, "speed") if "time_split_s" in d["metrics"]]
+    # transformers' peers run their own loop: no phase split measured (overhead_share None)
+    speed = [d for d in _by_kind(docs, "speed") if "time_split_s" in d["metrics"]
+             and d["metrics"].get("overhead_share") is not None]
     if not speed:
         raise Skip("no early-exit speed results with a time split")
     names = _order({_name(d) for d in speed})
@@ -628,8 +621,89 @@ def fig_cost_model(docs):
     return fig, md
 
 
+def _category_cells(d) -> dict:
+    """Per Spec-Bench category of one speed result: (speedup vs dense, paired 95% CI, prompts)."""
+    from specee.bench.speed import paired_speedup_ci
+    by_cat = defaultdict(list)
+    for p in d.get("prompts", []):
+        if "decode_s" in p:
+            by_cat[p["category"]].append(p)
+    cells = {}
+    for cat, rows in by_cat.items():
+        t, s_, dt, ds = (sum(r[k] for r in rows) for k in ("tokens", "decode_s", "dense_tokens", "dense_decode_s"))
+        t, dt = t - len(rows), dt - len(rows)
+        if s_ > 0 and ds > 0 and dt > 0:
+            cells[cat] = ((t / s_) / (dt / ds), paired_speedup_ci(rows), len({r["id"] for r in rows}))
+    return cells
+
+
+def fig_which_method(docs):
+    """Which method, here? Per model and category the fastest lossless method (greedy tokens
+    identical to dense in that run) with its interval, beside the fastest of all; and the peer rows:
+    prompt lookup in the harness and in transformers, self-speculation, SpecEE with lookup drafts."""
+    speed = [d for d in _by_kind(docs, "speed") if "speedup_vs_dense" in d["metrics"]]
+    if not any(d["config"]["ablation"]["name"] in PEER_METHODS for d in speed):
+        raise Skip(f"no speed results for any of {', '.join(PEER_METHODS)}")
+    models = sorted({d["config"]["model"]["name"] for d in speed})
+    grid = {}  # (model, category, method) -> cell, lossless
+    for d in speed:
+        lossless = d["metrics"]["match_rate_vs_dense"] >= 1.0
+        for cat, cell in _category_cells(d).items():
+            grid[(d["config"]["model"]["name"], cat, _name(d))] = (cell, lossless)
+    cats = sorted({c for _, c, _ in grid})
+    methods = _order({n for _, _, n in grid if n != "dense"})
+    fig, axes = plt.subplots(len(models), 1, figsize=(11, 1.2 + 0.5 * len(cats) * len(models)), squeeze=False)
+    md = ("Fastest lossless method: the highest decode speedup against the harness's dense loop among the results "
+          "whose greedy tokens were identical to dense in their own run (match rate 1.000); its 95 % interval is "
+          "over the category's prompts (n < 3 gives no real interval). Dense itself (1.00×) wins where no method "
+          "beats it. Lossy methods (SpecEE) are listed beside with their match rate.\n\n"
+          "| model | category | fastest lossless | speedup [95% CI] | fastest of all (match rate) |\n|---|---|---|---|---|\n")
+    for ax, model in zip(axes[:, 0], models):
+        vals = np.array([[grid[(model, c, n)][0][0] if (model, c, n) in grid else np.nan for n in methods] for c in cats])
+        sns.heatmap(vals, ax=ax, annot=True, fmt=".2f", center=1.0, cmap="vlag_r", cbar_kws={"label": "speedup vs dense (×)"},
+                    xticklabels=methods, yticklabels=cats)
+        ax.set_xlabel("method")
+        ax.set_ylabel(f"{model}: Spec-Bench category")
+        for c in cats:
+            lossless = [(grid[(model, c, n)][0], n) for n in methods if grid.get((model, c, n), (None, False))[1]]
+            best = max(lossless, default=None, key=lambda x: x[0][0])
+            if best is None or best[0][0] < 1.0:
+                cell, name = (1.0, None, None), "dense"
+            else:
+                cell, name = best
+            anyone = max(((grid[(model, c, n)][0], n) for n in methods if (model, c, n) in grid), default=None,
+                         key=lambda x: x[0][0])
+            match = next((d["metrics"]["match_rate_vs_dense"] for d in speed if anyone and _name(d) == anyone[1]
+                          and d["config"]["model"]["name"] == model), None)
+            ci = f"[{cell[1][0]:.2f}, {cell[1][1]:.2f}] n={cell[2]}" if cell[1] else "(the baseline)"
+            md += (f"| {model} | {c} | {name} | {cell[0]:.2f} {ci} | "
+                   + (f"{anyone[1]} {anyone[0][0]:.2f} ({match:.3f})" if anyone else "–") + " |\n")
+    ax.set_title(f"Which method, here? Speedup per category and method\n{_stamp(speed)}", fontsize=10)
+    md += ("\n| method (model) | speedup [95% CI] | tokens per step (τ) | match rate | against transformers' own "
+           "| predicted (chosen setting) |\n|---|---|---|---|---|---|\n")
+    for d in sorted(speed, key=lambda d: (d["config"]["model"]["name"], _order([_name(d)]))):
+        m, name = d["metrics"], _name(d)
+        if d["config"]["ablation"]["name"] not in PEER_METHODS:
+            continue
+        lo, hi = m["speedup_vs_dense_ci"]
+        peer = m.get("peer") or {}
+        against = (f"{peer['mode_speedup_vs_peer']:.2f}× {peer['name']} [{peer['mode_speedup_vs_peer_ci'][0]:.2f}, "
+                   f"{peer['mode_speedup_vs_peer_ci'][1]:.2f}], tokens identical {peer['identical_to_mode_share']:.0%}"
+                   if peer else "–")
+        choice = ((m.get("prompt_lookup") or {}).get("num_tokens_choice")
+                  or (m.get("transformers_peer") or {}).get("exit_layer_choice"))
+        pred = (f"{choice['predicted_speedup']:.2f}× at {choice['chosen']}" if choice else "–")
+        tau = m.get("mean_accepted_length")
+        md += (f"| {name} ({d['config']['model']['name']}) | {m['speedup_vs_dense']:.3f} [{lo:.3f}, {hi:.3f}] | "
+               f"{tau:.2f} | {m['match_rate_vs_dense']:.3f} | {against} | {pred} |\n" if tau == tau and tau else
+               f"| {name} ({d['config']['model']['name']}) | {m['speedup_vs_dense']:.3f} [{lo:.3f}, {hi:.3f}] | – | "
+               f"{m['match_rate_vs_dense']:.3f} | {against} | {pred} |\n")
+    return fig, md
+
+
 FIGURES = [
     ("Speedup per dataset and method", fig_speedup_per_category),
+    ("Which method, here?", fig_which_method),
     ("Ablation staircase", fig_staircase),
     ("Measured against modelled speedup", fig_cost_model),
     ("Exit-layer distribution", fig_exit_distribution),

@@ -184,3 +184,9 @@ def test_peer_speed_runs_write_their_figures(ablation, tmp_path):
         choice = m["transformers_peer"]["exit_layer_choice"]
         assert 1 <= choice["chosen"] < 32 and len(choice["agreement_by_layer"]) == 32
         assert m["transformers_peer"]["generate_kwargs"]["assistant_early_exit"] == choice["chosen"]
+
+
+@pytest.mark.parametrize("ablation", ["hf_pld", "specee_pld"])
+def test_speed_baselines_are_refused_outside_speed_runs(ablation, tmp_path):
+    res = run_cli("experiment=accuracy", "model=tiny", f"ablation={ablation}", f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 2 and "is a speed baseline" in res.stderr and "Traceback" not in res.stderr

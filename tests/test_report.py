@@ -99,3 +99,42 @@ def test_runtime_page_puts_each_mode_on_eager_beside_compiled():
     assert "| 20.0 (10.0×) | 10.0 (5.0×) | 2.000 |" in rows["dense"]
     assert "| 18.0 (9.0×) | 9.0 (4.5×) | 2.222 |" in rows["specee_t1_t2"]
     assert rows["dense"].rstrip().endswith("| 12.5 | 0 |")
+
+
+def _speed_doc(name, mode, match, per_cat, model="tiny"):
+    """A speed result whose prompts carry paired timings: per category (mode s/token, dense s/token)."""
+    prompts = []
+    for cat, (s_mode, s_dense) in per_cat.items():
+        for i in range(3):
+            prompts.append({"id": f"{cat}{i}", "category": cat, "tokens": 11, "decode_s": 10 * s_mode * (1 + i / 50),
+                            "dense_tokens": 11, "dense_decode_s": 10 * s_dense})
+    d = {"config": {"model": {"name": model}, "ablation": {"name": name, "mode": mode}, "early_exit": {},
+                    "experiment": {"_target_": "experiments.speed.run"}},
+         "env": {"cpu": "cpu", "gpus": [], "torch_threads": 2}, "created": "2026-12-04", "prompts": prompts,
+         "metrics": {"speedup_vs_dense": 1.0, "speedup_vs_dense_ci": [0.9, 1.1], "match_rate_vs_dense": match,
+                     "mean_accepted_length": 1.5}}
+    return d
+
+
+def test_which_method_page_names_the_fastest_lossless_method_per_category():
+    from specee.report import fig_which_method
+    docs = [_speed_doc("pld", "pld", 1.0, {"summarization": (0.8, 1.0), "writing": (1.2, 1.0)}),
+            _speed_doc("hf_pld", "hf_pld", 1.0, {"summarization": (0.9, 1.0), "writing": (1.1, 1.0)}),
+            _speed_doc("specee_t1_t2", "specee", 0.9, {"summarization": (0.5, 1.0), "writing": (0.9, 1.0)})]
+    _, md = fig_which_method(docs)
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): line for line in md.splitlines() if line.startswith("| tiny")}
+    # summarization: pld at 1/0.8 (the lossy T1+T2 is faster still, listed beside with its match rate)
+    summ = next(v for k, v in rows.items() if k[1] == "summarization")
+    assert "| pld | 1.2" in summ and "specee_t1_t2 1.96 (0.900)" in summ
+    # writing: no lossless method beats dense, so dense is the answer
+    writing = next(v for k, v in rows.items() if k[1] == "writing")
+    assert "| dense | 1.00 (the baseline) |" in writing
+    assert "| pld (tiny) |" in md and "| hf_pld (tiny) |" in md  # the peer rows
+
+
+def test_which_method_page_skips_without_a_peer_result():
+    import pytest
+
+    from specee.report import Skip, fig_which_method
+    with pytest.raises(Skip, match="no speed results for any of"):
+        fig_which_method([_speed_doc("specee_t1", "specee", 0.9, {"qa": (1.0, 1.0)})])

@@ -158,26 +158,14 @@ def auto_tree(cfg, rt, draft) -> dict:
     key = (id(rt), id(draft), a.tree_max_nodes, a.tree_calibration_prompts, cfg.early_exit.k)
     if key in _CHOSEN:
         return _CHOSEN[key]
-    from omegaconf import OmegaConf
-
-    from specee import data
-    from specee.config import CalibrationConfig
-    from specee.io import project_path
-    from specee.models.loader import load_tokenizer
-    from specee.prompts import PromptEncoder, format_conversation
-    tokenizer = load_tokenizer(cfg.model)
+    from specee.decoding.auto_settings import calibration_inputs
     new_tokens = 32
-    prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), OmegaConf.structured(CalibrationConfig))
     # spread over the calibration set: Spec-Bench categories and story openings alike
-    step = max(1, len(prompts) // a.tree_calibration_prompts)
-    picked = prompts[::step][: a.tree_calibration_prompts]
-    encode = PromptEncoder.for_runtime(tokenizer, rt, new_tokens)
-    ids = [encode(format_conversation(cfg.model.chat_template, [(p.turns[0], None)], tokenizer), p.id)
-           for p in picked]
+    ids, picked_ids, files = calibration_inputs(cfg, rt, a.tree_calibration_prompts, new_tokens)
     context = max(ids, key=lambda t: t.shape[1])[:, -256:]  # c(n) at a typical prompt's context
     width = max(cfg.early_exit.k, 1)
     out = select_tree(rt, draft, ids, context, a.tree_max_nodes, width=width, max_new_tokens=new_tokens)
-    out.update({"calibration_prompt_ids": [p.id for p in picked], "data_files": files,
+    out.update({"calibration_prompt_ids": picked_ids, "data_files": files,
                 "context": int(context.shape[1]), "runtime": rt.kind})
     _CHOSEN[key] = out
     return out
