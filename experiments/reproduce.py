@@ -58,10 +58,35 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
     return [(name, [*common, *args]) for name, args in jobs]
 
 
+def _dense_ms_per_token(root) -> float | None:
+    """Dense's decode ms/token in this reproduction's dense speed job (None before it ran)."""
+    import json
+    path = root / "speed_dense" / "results.json"
+    try:
+        return json.loads(path.read_text())["metrics"]["dense"]["ms_per_token"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _write_timing(root, cfg, seconds: dict, minutes: float, dense_ms) -> None:
+    """runs/reproduce/<name>/timing.json: this run's wall time per job (jobs reused from an earlier run
+    are absent), its total, and the machine it ran on."""
+    import json
+
+    from specee.env import environment
+    env = environment()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "timing.json").write_text(json.dumps(
+        {"name": cfg.experiment.name, "model": cfg.model.name, "total_minutes": round(minutes, 2),
+         "job_seconds": seconds, "jobs_reused": len(plan(cfg)) - len(seconds), "dense_ms_per_token": dense_ms,
+         "machine": {k: env[k] for k in ("cpu", "cpu_caches", "cpu_count", "torch_threads")},
+         "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
+
+
 def run(cfg):
     root = PROJECT_ROOT / "runs" / "reproduce" / cfg.experiment.name
     jobs = plan(cfg)
-    t0, failed = time.perf_counter(), []
+    t0, failed, seconds = time.perf_counter(), [], {}
     for name, args in tqdm(jobs, desc="reproduce", unit="job"):
         out = root / name
         if (out / "results.json").is_file() and not cfg.force:
@@ -69,8 +94,11 @@ def run(cfg):
             continue
         tqdm.write(f"[{name}] python run.py {' '.join(args)}")
         force = ["force=true"] if cfg.force else []
+        t_job = time.perf_counter()
         rc = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), *args, *force,
                              f"hydra.run.dir={out}"]).returncode
+        seconds[name] = round(time.perf_counter() - t_job, 1)
+        tqdm.write(f"[{name}] {seconds[name]:.0f} s")
         if rc != 0:
             failed.append(name)
             tqdm.write(f"[{name}] failed (exit status {rc}); continuing with the other jobs")
@@ -80,7 +108,11 @@ def run(cfg):
                          f"sweep={root.relative_to(PROJECT_ROOT)}",
                          f"experiment.out_dir={report_dir}", f"hydra.run.dir={root / '_report'}"]).returncode
     minutes = (time.perf_counter() - t0) / 60
-    print(f"\nreproduction '{cfg.experiment.name}' done in {minutes:.1f} min: {len(jobs) - len(failed)}/{len(jobs)} jobs ok")
+    dense_ms = _dense_ms_per_token(root)
+    _write_timing(root, cfg, seconds, minutes, dense_ms)
+    print(f"\nreproduction '{cfg.experiment.name}' done in {minutes:.1f} min: {len(jobs) - len(failed)}/{len(jobs)} jobs ok"
+          + (f" (dense {cfg.model.name} at {dense_ms:.1f} ms/token on this machine: the figure a time here scales with)"
+             if dense_ms else ""))
     print(f"results: {root}\nreport:  {report_dir / 'report.pdf'}\nsummary: {report_dir / 'summary.md'}")
     if failed or rc != 0:
         raise SpeceeError(f"jobs failed: {failed or ['report']}; their messages are above")

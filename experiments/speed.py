@@ -233,6 +233,21 @@ def record_not_applicable(cfg, out, decoder, why: str, prompts: int) -> dict:
     return m
 
 
+def machine_fingerprint(m: dict, d: dict) -> dict:
+    """What a speed ratio here depends on, so two runs on different machines can be compared honestly:
+    the processor, its caches and vector units, the threads, dense's own ms/token and the LM head's
+    time over a layer's (the cost model's units, when it ran). The speedup's interval covers this
+    machine's noise over prompts, not the spread between machines."""
+    from specee.env import environment
+    env = environment()
+    units = (m.get("cost_model") or {}).get("units_us") or {}
+    return {"cpu": env["cpu"], "cpu_caches": env["cpu_caches"], "cpu_vector_flags": env["cpu_vector_flags"],
+            "threads": env["torch_threads"], "gpus": [g.get("name") for g in env["gpus"]],
+            "dense_ms_per_token": d["ms_per_token"],
+            "lm_head_over_layer_time": units["lm_head"] / units["layer"] if units.get("layer") else None,
+            "interval_covers": "this machine's noise over prompts (paired, interleaved); not the spread between machines"}
+
+
 def check_disjoint_from_calibration(cfg, prompts: list[dict]) -> None:
     """Evaluation prompts must not be ones the predictors were trained on."""
     if cfg.ablation.mode != "specee":
@@ -464,6 +479,7 @@ def run(cfg) -> dict:
     for side in (m, d, *([m["eager_dense"]] if eager_gens else [])):
         side["ms_per_token"] = 1e3 / side["decode_tokens_per_s"]
         side["ms_per_token_over_limit"] = side["ms_per_token"] / m["bandwidth_bound"]["limit_ms_per_token"]
+    m["machine"] = machine_fingerprint(m, d)
     m["noisy_reasons"] = noisy_reasons(m, cfg.ablation.mode, load_before, machine_load(device=rt.device),
                                        decoder.multi_token)
     if runtime_info["graphs_compiled_in_timed_runs"]:

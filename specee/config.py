@@ -315,13 +315,15 @@ class ReportExperiment:
 class ReproduceExperiment:
     _target_: str = "experiments.reproduce.run"
     name: str = "default"  # runs/reproduce/<name>, reports/<name>
-    ablations: list[str] = field(default_factory=lambda: ["dense", "adainfer", "specee_t1", "specee_t1_t2",
-                                                          "specee_t1_t2_tuned", "eagle", "specee_full"])
-    kv_policy_variants: list[str] = field(default_factory=lambda: ["specee_t1"])  # also run with propagate
-    mapping_variants: list[str] = field(default_factory=lambda: ["specee_full"])  # also run independent
+    # The default main job: the paper's staircase, EAGLE and the free peer (prompt lookup, the harness's
+    # and transformers'); experiment=reproduce_full adds AdaInfer, the tuned banks, the KV-policy and
+    # mapping variants and the compiled runtime (reports/full/).
+    ablations: list[str] = field(default_factory=lambda: ["dense", "pld", "hf_pld", "specee_t1", "specee_t1_t2",
+                                                          "eagle", "specee_full"])
+    kv_policy_variants: list[str] = field(default_factory=list)  # also run with propagate
+    mapping_variants: list[str] = field(default_factory=list)  # also run independent
     # also run on runtime=compiled (beside eager dense, in the same job)
-    runtime_variants: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2", "specee_t1_t2_tuned", "eagle",
-                                                                 "specee_full"])
+    runtime_variants: list[str] = field(default_factory=list)
     # HF generate is timed beside these only; the others' end-to-end figure against it is chained
     # through the dense job (their tokens/s against dense, same run x dense against HF generate)
     hf_generate_ablations: list[str] = field(default_factory=lambda: ["dense"])
@@ -333,12 +335,13 @@ class ReproduceExperiment:
     max_new_tokens: int = 32
     stats: bool = True
     accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
-    accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa", "tinystories_ppl"])
+    accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa"])
     accuracy_limit: int = 40
     # Tasks scored over whole documents (every token a decode step for the early-exit modes), run
     # as their own job per ablation with their own item limit.
-    perplexity_tasks: list[str] = field(default_factory=list)
-    perplexity_limit: int = 40
+    # (the default: TinyStories on 20 stories, its own job; SpecEE scores every token as a decode step)
+    perplexity_tasks: list[str] = field(default_factory=lambda: ["tinystories_ppl"])
+    perplexity_limit: int = 20
     # Tasks run with experiment.chat_template=true (generative tasks an instruct model answers as
     # the assistant), as their own job per ablation with accuracy_limit items.
     chat_tasks: list[str] = field(default_factory=list)

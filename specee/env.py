@@ -30,6 +30,33 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_caches() -> dict:
+    """The first CPU's cache sizes by level and type (Linux sysfs), e.g. {"L1d": "32K", "L2": "1024K"}:
+    a CPU speed ratio depends on them (which weights stay resident), so every result records them."""
+    from pathlib import Path
+    out = {}
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((d / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        out[f"L{level}" + {"Data": "d", "Instruction": "i"}.get(kind, "")] = size
+    return out
+
+
+def _cpu_flags() -> list[str]:
+    """The vector-extension flags that decide which matmul kernels run (oneDNN picks by them)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+    except OSError:
+        pass
+    return []
+
+
 def _git() -> dict:
     def git(*args):
         return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
@@ -137,6 +164,8 @@ def environment(dtype: str | None = None, seed: int | None = None) -> dict:
         "packages": {p: _version(p) for p in ("torch", "transformers", "tokenizers", "lm_eval",
                                                "hydra-core", "omegaconf", "specee")},
         "cpu": _cpu_model(),
+        "cpu_caches": _cpu_caches(),
+        "cpu_vector_flags": _cpu_flags(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,

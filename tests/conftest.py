@@ -189,6 +189,8 @@ SLOW_TESTS = (
     "tests/test_replay.py::test_random_init_real_shape_with_cut_layers",
     "tests/test_train_base.py::test_a_later_stage_continues_an_earlier_run",
     "tests/test_train_base.py::test_interrupted_training_resumes_bit_for_bit",
+    "tests/test_pld.py::test_pld_speed_run_writes_its_figures",  # hf_pld's speed run stays (same peer path)
+    *(f"tests/test_peers.py::test_peer_speed_runs_write_their_figures[{a}]" for a in ("hf_self_spec", "specee_pld")),
 )
 
 

@@ -178,14 +178,32 @@ def test_reproduce_plan_covers_the_ablations():
     cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
     cfg.model = {"name": "tiny", "path": None}
     names = [n for n, _ in plan(cfg)]
-    assert names == ["speed_dense", "speed_adainfer", "speed_specee_t1", "speed_specee_t1_t2",
-                     "speed_specee_t1_t2_tuned", "speed_eagle", "speed_specee_full", "speed_specee_t1_propagate",
-                     "speed_specee_full_independent", "speed_dense_compiled", "speed_specee_t1_t2_compiled",
-                     "speed_specee_t1_t2_tuned_compiled", "speed_eagle_compiled", "speed_specee_full_compiled",
-                     "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
+    # the default main job (cut to its time budget): the staircase, EAGLE and prompt lookup (ours, transformers')
+    assert names == ["speed_dense", "speed_pld", "speed_hf_pld", "speed_specee_t1", "speed_specee_t1_t2",
+                     "speed_eagle", "speed_specee_full", "stats", "accuracy_dense", "accuracy_dense_perplexity",
+                     "accuracy_specee_t1_t2", "accuracy_specee_t1_t2_perplexity"]
+    assert "experiment.limit=20" in dict(plan(cfg))["accuracy_specee_t1_t2_perplexity"]
+
+
+def test_full_reproduction_preset_plans_every_variant():
+    from hydra import compose, initialize_config_dir
+
+    from experiments.reproduce import plan
+    from specee.config import register
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=["experiment=reproduce_full"])
+    names = [n for n, _ in plan(cfg)]
+    assert cfg.experiment.name == "full"
+    assert names == ["speed_dense", "speed_pld", "speed_hf_pld", "speed_adainfer", "speed_specee_t1",
+                     "speed_specee_t1_t2", "speed_specee_t1_t2_tuned", "speed_eagle", "speed_specee_full",
+                     "speed_specee_t1_propagate", "speed_specee_full_independent", "speed_dense_compiled",
+                     "speed_specee_t1_t2_compiled", "speed_specee_t1_t2_tuned_compiled", "speed_eagle_compiled",
+                     "speed_specee_full_compiled", "stats", "accuracy_dense", "accuracy_specee_t1_t2"]
     jobs = dict(plan(cfg))
     assert "runtime=compiled" in jobs["speed_eagle_compiled"] and "ablation=eagle" in jobs["speed_eagle_compiled"]
     assert not any(a.startswith("runtime=") for a in jobs["speed_eagle"])
+    assert "experiment.tasks=[boolq,piqa,copa,tinystories_ppl]" in jobs["accuracy_dense"]
 
 
 def test_reproduce_plan_runs_perplexity_tasks_as_their_own_job_with_their_own_limit():
