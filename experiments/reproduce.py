@@ -45,7 +45,10 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
     jobs += [(f"speed_{a}_independent", [*speed(a), "ablation.mapping=independent"]) for a in e.mapping_variants]
     jobs += [(f"speed_{a}_compiled", [*speed(a), "runtime=compiled"]) for a in e.runtime_variants]
     if e.stats:
-        jobs.append(("stats", ["experiment=stats", *data]))
+        stats = [a for a in data if not a.startswith("dataset.count=")] + [f"dataset.count={e.stats_count or e.count}"]
+        if e.stats_placements:
+            stats.append(f"experiment.placements=[{','.join(e.stats_placements)}]")
+        jobs.append(("stats", ["experiment=stats", *stats]))
     groups = [("", e.accuracy_tasks, e.accuracy_limit, []),
               ("_perplexity", e.perplexity_tasks, e.perplexity_limit, []),
               ("_chat", e.chat_tasks, e.accuracy_limit, ["experiment.chat_template=true"])]

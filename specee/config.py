@@ -105,7 +105,7 @@ class AblationConfig:
     # hf_self_spec: the draft's depth in layers (transformers' assistant_early_exit); auto: chosen
     # from the agreement by layer on calibration prompts and the costs measured here
     exit_layer: Any = "auto"
-    lookup_calibration_prompts: int = 12  # num_tokens/exit_layer=auto: calibration prompts used
+    lookup_calibration_prompts: int = 8  # num_tokens/exit_layer=auto: calibration prompts used
     # specee: where the speculative token set comes from. draft: the EAGLE head's top-k;
     # prompt_lookup: from the text so far when an n-gram matches (no draft cost), the head otherwise
     speculation: str = "draft"
@@ -334,6 +334,11 @@ class ReproduceExperiment:
     count: int = 2  # prompts per Spec-Bench category (the per-category page needs more than one)
     max_new_tokens: int = 32
     stats: bool = True
+    # The stats job's prompts per category (null: `count`) and placements (null: the stats default, all
+    # four); the default main job uses one prompt per category and three placements (its largest job)
+    stats_count: Optional[int] = 1
+    stats_placements: Optional[list[str]] = field(default_factory=lambda: ["all_layers", "offline_topm",
+                                                                           "online_union"])
     accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
     accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa"])
     accuracy_limit: int = 40
@@ -341,7 +346,7 @@ class ReproduceExperiment:
     # as their own job per ablation with their own item limit.
     # (the default: TinyStories on 20 stories, its own job; SpecEE scores every token as a decode step)
     perplexity_tasks: list[str] = field(default_factory=lambda: ["tinystories_ppl"])
-    perplexity_limit: int = 20
+    perplexity_limit: int = 10
     # Tasks run with experiment.chat_template=true (generative tasks an instruct model answers as
     # the assistant), as their own job per ablation with accuracy_limit items.
     chat_tasks: list[str] = field(default_factory=list)
@@ -630,7 +635,7 @@ LIMITS: dict[type, dict[str, tuple]] = {
     PotentialExperiment: {"rounds": (3, 10_000)},
     DraftVocabExperiment: {"held_out_share": (0.0, 0.5)},
     ReproduceExperiment: {k: (1, INT_MAX) for k in ("count", "max_new_tokens", "accuracy_limit",
-                                                               "perplexity_limit")},
+                                                               "perplexity_limit", "stats_count")},
     AccuracyExperiment: {k: (1, INT_MAX) for k in ("limit", "max_gen_tokens", "max_length")},
     Config: {"threads": (1, INT_MAX)},
 }
@@ -667,6 +672,7 @@ CHOICES: dict[type, dict[str, Any]] = {
                                 "recipe": ("harness", "paper")},
     StatsExperiment: {"placements": Options("placement")},
     ReproduceExperiment: {"ablations": Options("ablation"), "kv_policy_variants": Options("ablation"),
+                          "stats_placements": Options("placement"),
                           "hf_generate_ablations": Options("ablation"),
                           "mapping_variants": Options("ablation"), "runtime_variants": Options("ablation"),
                           "accuracy_ablations": Options("ablation"), "dataset": Options("dataset")},
@@ -824,7 +830,7 @@ def check_peer_settings(cfg) -> None:
         raise SpeceeError(f"ablation.num_tokens={n!r} must be a whole number in [1, 64]"
                           + (" or auto" if lookup and a.mode != "hf_pld" else ""))
     k = a.exit_layer
-    if a.mode == "hf_self_spec" and k != "auto":
+    if k != "auto":  # a wrong value is wrong whether or not this mode reads it
         L = cfg.model.num_layers  # known here for a random-init cut; else checked when the model loads
         if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (L is not None and k >= L):
             raise SpeceeError(check_exit_layer_text(k, L))

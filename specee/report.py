@@ -674,7 +674,8 @@ def fig_which_method(docs):
           "whose greedy tokens were identical to dense in their own run (match rate 1.000); its 95 % interval is "
           "over the category's prompts (n < 3 gives no real interval). Dense itself (1.00×) wins where no method "
           "beats it. Lossy methods (SpecEE) are listed beside with their match rate.\n\n"
-          "| model | category | fastest lossless | speedup [95% CI] | fastest of all (match rate) |\n|---|---|---|---|---|\n")
+          "| model | category | fastest lossless | speedup [95% CI] | above dense (interval > 1) | fastest of all (match rate) |\n"
+          "|---|---|---|---|---|---|\n")
     for ax, model in zip(axes[:, 0], models):
         vals = np.array([[grid[(model, c, n)][0][0] if (model, c, n) in grid else np.nan for n in methods] for c in cats])
         sns.heatmap(vals, ax=ax, annot=True, fmt=".2f", center=1.0, cmap="vlag_r", cbar_kws={"label": "speedup vs dense (×)"},
@@ -693,7 +694,8 @@ def fig_which_method(docs):
             match = next((d["metrics"]["match_rate_vs_dense"] for d in speed if anyone and _name(d) == anyone[1]
                           and d["config"]["model"]["name"] == model), None)
             ci = f"[{cell[1][0]:.2f}, {cell[1][1]:.2f}] n={cell[2]}" if cell[1] else "(the baseline)"
-            md += (f"| {model} | {c} | {name} | {cell[0]:.2f} {ci} | "
+            above = "–" if name == "dense" else ("yes" if cell[1][0] > 1.0 else "no: ties dense")
+            md += (f"| {model} | {c} | {name} | {cell[0]:.2f} {ci} | {above} | "
                    + (f"{anyone[1]} {anyone[0][0]:.2f} ({match:.3f})" if anyone else "–") + " |\n")
     ax.set_title(f"Which method, here? Speedup per category and method\n{_stamp(speed)}", fontsize=10)
     md += ("\n| method (model) | speedup [95% CI] | tokens per step (τ) | match rate | against transformers' own "

@@ -182,7 +182,9 @@ def test_reproduce_plan_covers_the_ablations():
     assert names == ["speed_dense", "speed_pld", "speed_hf_pld", "speed_specee_t1", "speed_specee_t1_t2",
                      "speed_eagle", "speed_specee_full", "stats", "accuracy_dense", "accuracy_dense_perplexity",
                      "accuracy_specee_t1_t2", "accuracy_specee_t1_t2_perplexity"]
-    assert "experiment.limit=20" in dict(plan(cfg))["accuracy_specee_t1_t2_perplexity"]
+    jobs = dict(plan(cfg))
+    assert "experiment.limit=10" in jobs["accuracy_specee_t1_t2_perplexity"]
+    assert "dataset.count=1" in jobs["stats"] and "experiment.placements=[all_layers,offline_topm,online_union]" in jobs["stats"]
 
 
 def test_full_reproduction_preset_plans_every_variant():
