@@ -179,7 +179,8 @@ SLOW_TESTS = (
     "tests/test_pipeline.py::test_submitit_local_launcher_runs_the_same_path",
     *(f"tests/test_pipeline.py::test_speed_run_writes_a_self_describing_result[{a}]"
       for a in ("specee_t1", "specee_full", "eagle", "adainfer")),  # dense and T1+T2 stay
-    "tests/test_compiled.py::test_compiled_layer_step_matches_the_model_layer[llama]",  # qwen2/mistral stay
+    *(f"tests/test_compiled.py::test_compiled_layer_step_matches_the_model_layer[{a}]"
+      for a in ("llama", "qwen2")),  # mistral stays (34 s for qwen2 on a 2-core machine)
     "tests/test_compiled.py::test_speed_run_on_the_compiled_runtime_reports_eager_beside_it",
     "tests/test_user_data.py::test_hf_dataset_folder",
     "tests/test_user_data.py::test_jsonl_prompts_with_categories_and_turns",
