@@ -457,6 +457,8 @@ def run(cfg) -> dict:
     if any("accepted" in t for g in mode_gens for t in g.trace):
         from specee.decoding.tree import mean_accepted_length
         m["mean_accepted_length"] = mean_accepted_length(mode_gens)
+    else:  # one token per step (dense, autoregressive SpecEE): Spec-Bench's tau is 1 by construction
+        m["mean_accepted_length"] = 1.0
     if getattr(decoder, "tree", None) is not None:  # both mappings' costs for this tree (paper §6)
         from specee.decoding.tree_shape import describe
         m["tree_shape"] = describe(decoder.tree)

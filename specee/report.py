@@ -67,6 +67,10 @@ def _name(doc) -> str:
     a = doc["config"]["ablation"]
     if a.get("decoding") == "tree" and a["mode"] == "specee" and a.get("mapping") != "merged":
         name += f" ({a['mapping']})"
+    if (doc["config"].get("draft") or {}).get("vocab_size"):
+        name += f" (draft vocab {doc['config']['draft']['vocab_size']})"
+    if a.get("tree_select") == "auto" and (a["mode"] == "eagle" or a.get("decoding") == "tree"):
+        name += " (tree by cost)"
     if _runtime(doc) != "eager":
         name += f" ({_runtime(doc)})"
     return name
