@@ -54,7 +54,9 @@ def _stamp(docs) -> str:
 
 
 def _by_kind(docs, kind):
-    return [d for d in docs if _kind(d) == kind]
+    """Results of one experiment kind; a peer transformers could not run (``not_applicable``) has no
+    figures to draw."""
+    return [d for d in docs if _kind(d) == kind and not d["metrics"].get("not_applicable")]
 
 
 def _name(doc) -> str:

@@ -138,3 +138,13 @@ def test_which_method_page_skips_without_a_peer_result():
     from specee.report import Skip, fig_which_method
     with pytest.raises(Skip, match="no speed results for any of"):
         fig_which_method([_speed_doc("specee_t1", "specee", 0.9, {"qa": (1.0, 1.0)})])
+
+
+def test_a_not_applicable_peer_result_is_left_out_of_every_page():
+    from specee.report import _by_kind, fig_which_method
+    na = _speed_doc("hf_self_spec", "hf_self_spec", 1.0, {})
+    na["metrics"] = {"not_applicable": "transformers cannot run hf_self_spec on this model: ValueError: ..."}
+    ok = _speed_doc("pld", "pld", 1.0, {"qa": (0.8, 1.0)})
+    assert _by_kind([na, ok], "speed") == [ok]
+    _, md = fig_which_method([na, ok])
+    assert "hf_self_spec" not in md and "| pld (tiny) |" in md

@@ -96,20 +96,29 @@ _CHOSEN: dict = {}  # one choice per runtime and setting: a job builds its decod
 
 
 @torch.inference_mode()
+def dense_calibration(cfg, rt, eos_id, new_tokens: int):
+    """Dense greedy continuations of ``ablation.lookup_calibration_prompts`` calibration prompts (the
+    evaluation's Spec-Bench categories when it reads Spec-Bench): (inputs, tokens, prompt ids, files)."""
+    from specee.decoding.dense import DenseDecoder
+    cats = cfg.dataset.categories if cfg.dataset.source == "spec_bench" else None
+    inputs, ids, files = calibration_inputs(cfg, rt, cfg.ablation.lookup_calibration_prompts, new_tokens, cats,
+                                            stories=False)
+    dense = DenseDecoder(rt)
+    return inputs, [dense.generate(x, new_tokens, eos_id).tokens for x in inputs], ids, files
+
+
+@torch.inference_mode()
 def auto_num_tokens(cfg, rt, eos_id) -> dict:
     """``ablation.num_tokens=auto``: dense greedy on ``ablation.lookup_calibration_prompts``
     calibration prompts (the evaluation's Spec-Bench categories when it reads Spec-Bench), replayed
     for N = 1..16, priced with c(n) measured here."""
-    from specee.decoding.dense import DenseDecoder
     a = cfg.ablation
     key = ("lookup", id(rt), a.ngram_size, a.lookup_calibration_prompts, cfg.dataset.max_new_tokens, eos_id)
     if key in _CHOSEN:
         return _CHOSEN[key]
-    cats = cfg.dataset.categories if cfg.dataset.source == "spec_bench" else None
     new_tokens = min(cfg.dataset.max_new_tokens, 128)
-    inputs, ids, files = calibration_inputs(cfg, rt, a.lookup_calibration_prompts, new_tokens, cats, stories=False)
-    dense = DenseDecoder(rt)
-    gens = [(x[0].tolist(), dense.generate(x, new_tokens, eos_id).tokens) for x in inputs]
+    inputs, tokens, ids, files = dense_calibration(cfg, rt, eos_id, new_tokens)
+    gens = [(x[0].tolist(), t) for x, t in zip(inputs, tokens)]
     replays = {n: [replay_lookup_blocks(p, t, n, a.ngram_size, eos_id, new_tokens) for p, t in gens]
                for n in range(1, MAX_PROPOSAL + 1)}
     decode_tokens = sum(len(t) - 1 for _, t in gens)
@@ -157,18 +166,13 @@ def auto_exit_layer(cfg, rt, eos_id) -> dict:
     tokens, every layer's argmax teacher-forced once), the LM head's cost in layers and c(n)
     measured here."""
     from specee.bench.oracle import layer_predictions
-    from specee.decoding.dense import DenseDecoder
     a = cfg.ablation
     key = ("self_spec", id(rt), a.lookup_calibration_prompts, cfg.dataset.max_new_tokens, eos_id)
     if key in _CHOSEN:
         return _CHOSEN[key]
-    cats = cfg.dataset.categories if cfg.dataset.source == "spec_bench" else None
-    new_tokens = min(cfg.dataset.max_new_tokens, 64)
-    inputs, ids, files = calibration_inputs(cfg, rt, a.lookup_calibration_prompts, new_tokens, cats, stories=False)
-    dense = DenseDecoder(rt)
+    inputs, tokens, ids, files = dense_calibration(cfg, rt, eos_id, min(cfg.dataset.max_new_tokens, 64))
     same, n = torch.zeros(rt.num_layers), 0
-    for x in inputs:
-        toks = dense.generate(x, new_tokens, eos_id).tokens
+    for x, toks in zip(inputs, tokens):
         preds = layer_predictions(rt, x, toks)
         if len(preds):
             same += (preds == torch.tensor(toks[1:]).view(-1, 1)).float().sum(0)
