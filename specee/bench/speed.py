@@ -8,14 +8,19 @@ import torch
 from specee.decoding.base import Clock, Generation
 
 
+def greedy_generate_args(prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None) -> dict:
+    """transformers' ``generate`` arguments for plain greedy decoding of one prompt (every HF call
+    the harness times uses them)."""
+    return {"attention_mask": torch.ones_like(prompt_ids), "max_new_tokens": max_new_tokens, "do_sample": False,
+            "eos_token_id": eos_id, "pad_token_id": eos_id if eos_id is not None else 0,
+            "temperature": None, "top_p": None, "top_k": None}
+
+
 @torch.inference_mode()
 def hf_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None):
     clock = Clock(prompt_ids.device)
     t0 = clock()
-    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids),
-                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_id,
-                         pad_token_id=eos_id if eos_id is not None else 0, temperature=None,
-                         top_p=None, top_k=None)
+    out = model.generate(prompt_ids, **greedy_generate_args(prompt_ids, max_new_tokens, eos_id))
     return out[0, prompt_ids.shape[1]:].tolist(), clock() - t0
 
 

@@ -171,7 +171,7 @@ def auto_exit_layer(cfg, rt, eos_id) -> dict:
     if key in _CHOSEN:
         return _CHOSEN[key]
     inputs, tokens, ids, files = dense_calibration(cfg, rt, eos_id, min(cfg.dataset.max_new_tokens, 64))
-    same, n = torch.zeros(rt.num_layers), 0
+    same, n = torch.zeros(rt.num_layers), 0  # on the host: layer_predictions returns CPU tensors
     for x, toks in zip(inputs, tokens):
         preds = layer_predictions(rt, x, toks)
         if len(preds):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from specee.bench.speed import greedy_generate_args
 from specee.decoding.base import Clock, Generation, PhaseTimer
 from specee.errors import SpeceeError
 
@@ -65,18 +66,17 @@ class HFGenerateDecoder:
         clock = Clock(prompt_ids.device)
         marks = _StepMarks(clock)
         t0 = clock()
-        out = self.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=max_new_tokens,
-                                  do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id if eos_id is not None else 0,
-                                  temperature=None, top_p=None, top_k=None, streamer=marks, **self.kwargs)
+        out = self.model.generate(prompt_ids, **greedy_generate_args(prompt_ids, max_new_tokens, eos_id),
+                                  streamer=marks, **self.kwargs)
         t_end = clock()
         tokens = out[0, prompt_ids.shape[1]:].tolist()
         times, sizes = marks.times[1:], marks.sizes[1:]  # the first put is the prompt itself
         if not tokens or not times or sum(sizes) != len(tokens):
             raise SpeceeError(f"{self.name}: transformers' generate streamed {sum(sizes)} tokens but returned "
                               f"{len(tokens)}; its step times cannot be read")
-        token_s, trace = [times[0] - t0] * 1, []
-        if sizes[0] > 1:  # self-speculation verifies its first draft inside the prefill forward:
-            token_s = [(times[0] - t0) / sizes[0]] * sizes[0]  # those tokens share that forward's time
+        # Self-speculation verifies its first draft inside the prefill forward (a first put of
+        # several tokens): those tokens share that forward's time.
+        token_s, trace = [(times[0] - t0) / sizes[0]] * sizes[0], []
         ends = times[1:-1] + [t_end] if len(times) > 1 else []
         for start, end, n in zip(times, ends, sizes[1:]):
             token_s += [(end - start) / n] * n
