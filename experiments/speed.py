@@ -304,7 +304,7 @@ def run(cfg) -> dict:
     hf_warm = (lambda ids: hf_generate(model, ids, min(WARMUP_TOKENS, n_new), eos)) \
         if cfg.experiment.compare_hf_generate else None
     # Where transformers cannot run a peer on this model: one line in the result, and the sweep goes on.
-    first_ids = encode(warm[0]["text"], warm[0]["id"])
+    first_ids = encode(prompts[0]["text"], prompts[0]["id"])  # warm is empty with experiment.warmup=0
     if isinstance(decoder, HFGenerateDecoder) and (why := hf_not_applicable(decoder, first_ids, eos)):
         return record_not_applicable(cfg, out, decoder, why, len(prompts))
     if peer is not None and (why := hf_not_applicable(peer, first_ids, eos)):
