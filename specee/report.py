@@ -135,13 +135,25 @@ def _ci(ms):
     return (min(c[0] for c in cis), max(c[1] for c in cis)) if cis else None
 
 
+def _staircase_steps(overall) -> list[tuple[str, list]]:
+    """The paper's cumulative steps, each followed by its variants that change only the draft's
+    vocabulary or the tree (full vs reduced vocabulary, fixed vs cost-chosen tree, side by side)."""
+    steps = []
+    for n, label in STAIRCASE:
+        if n in overall:
+            steps.append((label, overall[n]))
+        steps += [(label + v[len(n):], overall[v]) for v in sorted(overall)
+                  if v.startswith(n + " (") and ("draft vocab" in v or "tree by cost" in v)]
+    return steps
+
+
 def fig_staircase(docs):
     speed = _by_kind(docs, "speed")
     overall = _overall(speed)
-    steps = [(label, overall[n]) for n, label in STAIRCASE if n in overall]
+    steps = _staircase_steps(overall)
     if len(steps) < 2:
         raise Skip(f"needs speed results for at least two of {[n for n, _ in STAIRCASE]}")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(steps)), 4.5))
     vals = [np.mean([m["speedup_vs_dense"] for m in ms]) for _, ms in steps]
     cis = [_ci(ms) for _, ms in steps]
     noisy = [any(m.get("noisy") for m in ms) for _, ms in steps]
@@ -157,6 +169,8 @@ def fig_staircase(docs):
         ax.text(i, v, f"{v:.2f}×", ha="center", va="bottom")
     ax.set_ylabel("decode speedup vs dense (×), 95% CI over prompts")
     ax.set_xlabel("technique (cumulative)")
+    if len(steps) > 6 or any("(" in lab for lab in labels):
+        ax.tick_params(axis="x", labelrotation=25, labelsize=8)
     ax.set_title(f"Ablation staircase (cf. paper Fig. 2d)\n{_stamp(speed)}", fontsize=10)
     fmt_ci = lambda c: f"[{c[0]:.3f}, {c[1]:.3f}]" if c else "–"  # noqa: E731
     # Modes timed without HF generate beside them: their end-to-end tokens/s against dense (same

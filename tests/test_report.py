@@ -148,3 +148,18 @@ def test_a_not_applicable_peer_result_is_left_out_of_every_page():
     assert _by_kind([na, ok], "speed") == [ok]
     _, md = fig_which_method([na, ok])
     assert "hf_self_spec" not in md and "| pld (tiny) |" in md
+
+
+def test_staircase_puts_reduced_vocabulary_and_chosen_tree_beside_each_step():
+    from specee.report import _name, fig_staircase
+    full = speed_doc("specee_t1_t2", "specee", "eager", 20.0)
+    reduced = speed_doc("specee_t1_t2", "specee", "eager", 18.0)
+    reduced["config"]["draft"] = {"vocab_size": 8192}
+    tree = speed_doc("specee_full", "specee", "eager", 25.0)
+    tree["config"]["ablation"] |= {"decoding": "tree", "mapping": "merged", "tree_select": "auto"}
+    tuned = speed_doc("specee_t1_t2_tuned", "specee", "eager", 19.0)
+    docs = [speed_doc("dense", "dense", "eager", 20.0), tree, reduced, tuned, full]
+    assert _name(reduced) == "specee_t1_t2 (draft vocab 8192)" and _name(tree) == "specee_full (tree by cost)"
+    _, md = fig_staircase(docs)
+    steps = [line.split("|")[1].strip() for line in md.splitlines()[2:] if line.startswith("| ")]
+    assert steps == ["dense", "T1+T2", "T1+T2 (draft vocab 8192)", "T1+T2 tuned", "T1+T2+T3 (tree by cost)"]
