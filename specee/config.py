@@ -341,12 +341,13 @@ class ReproduceExperiment:
                                                                            "online_union"])
     accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
     accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa"])
-    accuracy_limit: int = 30
+    accuracy_limit: int = 25
     # Tasks scored over whole documents (every token a decode step for the early-exit modes), run
     # as their own job per ablation with their own item limit.
-    # (the default: TinyStories on 20 stories, its own job; SpecEE scores every token as a decode step)
+    # The default: TinyStories on 6 stories, its own job (SpecEE scores every token as a decode step,
+    # ~4 s a story on tiny; the bits-per-byte interval is shown).
     perplexity_tasks: list[str] = field(default_factory=lambda: ["tinystories_ppl"])
-    perplexity_limit: int = 10
+    perplexity_limit: int = 6
     # Tasks run with experiment.chat_template=true (generative tasks an instruct model answers as
     # the assistant), as their own job per ablation with accuracy_limit items.
     chat_tasks: list[str] = field(default_factory=list)
