@@ -42,6 +42,21 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike):
+    """Hold an exclusive advisory lock on ``path`` (created if missing) for the block: processes that
+    write the same folder take turns instead of interleaving."""
+    import fcntl
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike):
     """Yield a temp dir beside ``final``; on success it replaces ``final`` in one rename."""
     final = Path(final)

