@@ -234,11 +234,18 @@ def main() -> int:
     ap.add_argument("--budget-min", type=float, default=7.5)
     ap.add_argument("--out", default=str(ROOT / "reports" / "gpu"))
     ap.add_argument("--plan", action="store_true", help="print the plan and exit")
+    ap.add_argument("--steps", default="", help="comma-separated step names to run (default: all), e.g. to "
+                    "rerun the ones that failed")
     args = ap.parse_args()
+    names = [n for n in args.steps.split(",") if n]
+    unknown = sorted(set(names) - {name for name, _, _ in STEPS})
+    if unknown:
+        ap.error(f"unknown step(s) {unknown}; valid: {[name for name, _, _ in STEPS]}")
+    steps = [s for s in STEPS if not names or s[0] in names]
     t_start = time.perf_counter()
     budget_s = 60 * args.budget_min
     deadline = t_start + budget_s - RESERVE_S
-    steps_plan = plan(STEPS, budget_s - RESERVE_S)
+    steps_plan = plan(steps, budget_s - RESERVE_S)
     print_plan(steps_plan, budget_s)
     if args.plan:
         return 0
@@ -251,7 +258,7 @@ def main() -> int:
     # One inductor/triton cache for every step: later processes reuse compiled kernels.
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(out / "inductor_cache")}
     rows = []
-    for name, overrides, cap in STEPS:
+    for name, overrides, cap in steps:
         left = deadline - time.perf_counter()
         if left < MIN_STEP_S:
             rows.append({"step": name, "rc": "skipped", "seconds": 0, "timeout_s": 0,

@@ -376,6 +376,11 @@ class CompiledLM(LayerwiseLM):
         if compiled_graphs() != before:
             self.compile_seconds += time.perf_counter() - t0
         cache.advanced(i, t)
+        if self.cudagraphs:
+            # A CUDA-graph output lives in the graph's memory pool and is overwritten by the next
+            # replay of that graph; every layer replays the same graph, and the caller keeps a
+            # layer's output past the next layer (the residual stream, the exit probe), so copy it.
+            out = out.clone()
         return out
 
     def predictor_params(self, predictors, i: int) -> tuple:
@@ -406,9 +411,9 @@ class CompiledLM(LayerwiseLM):
             return super().predict(probe, predictors, i, h, p_prev)
         fire, p = self._predict(h, probe.rows, probe.eps, probe.inv_d, p_prev, b1, w1t, w2, b2, logit_t)
         if self.cudagraphs:
-            # p outlives this call (the next layer's p_prev, after a layer graph has run): a
-            # CUDA-graph output is overwritten by its graph's next replay, so keep a copy.
-            p = p.clone()
+            # Both outlive this call (p is the next layer's p_prev, fire is read after later
+            # graphs have run): a CUDA-graph output is overwritten by its graph's next replay.
+            fire, p = fire.clone(), p.clone()
         return fire, p
 
 

@@ -124,7 +124,7 @@ class LayerwiseLM:
         self.device = self.embed_tokens.weight.device
         # Where each layer's weights live: several devices when device_map=auto shards the model.
         self.layer_devices = [next(layer.parameters()).device for layer in self.layers]
-        self._mask_memo = None  # (block_mask, its version, T, the widest additive mask built)
+        self._mask_memo = None  # (block_mask, its version, T, {cached length: additive mask})
 
     kind = "eager"
     fallback = None  # why a compiled runtime runs eagerly (None: it does not)
@@ -182,21 +182,28 @@ class LayerwiseLM:
             return None  # one token sees everything; a fresh causal block uses SDPA's causal path
         if block_mask is None:
             return self._additive_mask(past, t, block_mask)
-        # A block mask (tree verification) is asked for once per layer with the same block: the
-        # mask over p cached entries is the last p + T columns of the one over more (every cached
-        # entry is visible), so build it once per step, at the widest past, and slice.
+        # A block mask (tree verification) is asked for once per layer with the same block: build
+        # it once per step and cached length (layers that exited early, and the draft, hold fewer
+        # entries). Not a slice of a wider mask: CUDA's memory-efficient SDPA kernel reads the
+        # mask at its data pointer without checking its alignment, and a slice starting at column
+        # k > 0 of a 2-byte mask is misaligned ("CUDA error: misaligned address", seen on an H200
+        # in float16 and bfloat16 tree decoding; pytorch/pytorch#183484).
         memo = self._mask_memo
-        if (memo is None or memo[0] is not block_mask or memo[1] != block_mask._version or memo[2] != t
-                or memo[3].shape[-1] < past + t):
-            memo = self._mask_memo = (block_mask, block_mask._version, t, self._additive_mask(past, t, block_mask))
-        wide = memo[3]
-        return wide[..., wide.shape[-1] - past - t:]
+        if memo is None or memo[0] is not block_mask or memo[1] != block_mask._version or memo[2] != t:
+            memo = self._mask_memo = (block_mask, block_mask._version, t, {})
+        masks = memo[3]
+        if past not in masks:
+            masks[past] = self._additive_mask(past, t, block_mask)
+        return masks[past]
 
     def _additive_mask(self, past: int, t: int, block_mask: torch.Tensor | None) -> torch.Tensor:
+        """T x (past + block width) additive mask, as its own allocation (storage offset 0) with rows padded
+        to a multiple of 8 entries: the layout SDPA's memory-efficient kernel reads without a copy."""
         if block_mask is None:
             block_mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
         allowed = torch.cat([torch.ones(t, past, dtype=torch.bool, device=self.device), block_mask], 1)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        width = allowed.shape[1]  # past + T, or more where a draft level sees earlier levels
+        mask = torch.zeros(t, -(-width // 8) * 8, dtype=self.dtype, device=self.device)[:, :width]
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -150,3 +150,41 @@ def test_speed_run_on_the_compiled_runtime_reports_eager_beside_it(tmp_path):
 def test_an_unknown_runtime_is_refused_at_compose_time(tmp_path):
     res = run_cli("experiment=speed", "runtime=eager", "runtime.kind=jit", f"hydra.run.dir={tmp_path}")
     assert res.returncode != 0 and "runtime.kind='jit' is unknown" in res.stderr and "Traceback" not in res.stderr
+
+
+def _like_a_cuda_graph_replay(fn, outputs: list):
+    """``fn`` as CUDA-graph trees run it when every call starts a new generation (the same graph
+    replayed layer after layer): the outputs of earlier calls are overwritten. Here they are
+    poisoned (NaN, inverted booleans) before the call, so a caller that still holds one reads
+    garbage — what the GPU does, shown on a CPU."""
+    def call(*args):
+        for t in outputs:
+            if t.dtype == torch.bool:
+                t.logical_not_()
+            else:
+                t.fill_(float("nan"))
+        outputs.clear()
+        res = fn(*args)
+        outputs.extend(x for x in (res if isinstance(res, tuple) else (res,)) if isinstance(x, torch.Tensor))
+        return res
+    return call
+
+
+@pytest.mark.parametrize("ablation", ["dense", "specee_t1_t2"])
+def test_compiled_decoding_survives_cuda_graph_output_reuse(tiny_runtimes, ablation, monkeypatch):
+    """With CUDA graphs on, a layer step's or predictor's output must be copied before the next
+    graph runs (the GPU check's 7B dense step failed on exactly this: 'accessing tensor output of
+    CUDAGraphs that has been overwritten by a subsequent run'). Replay semantics simulated on the
+    CPU: decoding stays token-identical to eager."""
+    from specee.decoding import build_decoder
+    eager, comp, tok = tiny_runtimes
+    outputs: list = []
+    monkeypatch.setattr(comp, "cudagraphs", True)
+    monkeypatch.setattr(comp, "_step", _like_a_cuda_graph_replay(comp._step, outputs))
+    monkeypatch.setattr(comp, "_predict", _like_a_cuda_graph_replay(comp._predict, outputs))
+    cfg = _cfg(ablation)
+    de, dc = build_decoder(cfg, eager), build_decoder(cfg, comp)
+    ids = tok(PROMPTS[0], return_tensors="pt").input_ids
+    ge, gc = de.generate(ids, 12), dc.generate(ids, 12)
+    assert outputs, "the compiled step never ran"
+    assert gc.tokens == ge.tokens and gc.exit_layers == ge.exit_layers

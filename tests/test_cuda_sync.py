@@ -145,7 +145,7 @@ def test_rope_takes_the_last_position_from_the_host(monkeypatch):
 # -- per-step work ------------------------------------------------------------------------
 def test_tree_verification_builds_its_mask_once_per_step(monkeypatch):
     """Eager tree verification asked every layer for the same additive mask (~L mask builds, each
-    a few kernels, per step): built once per step, at the widest past, sliced for the others."""
+    a few kernels, per step): built once per step and cached length."""
     from specee.decoding.dense import DenseDecoder
     from specee.decoding.tree import TreeDecoder
     from specee.runtime import LayerwiseLM
@@ -179,11 +179,12 @@ def test_tree_verification_builds_its_mask_once_per_step(monkeypatch):
             assert gen.tokens == DenseDecoder(rt).generate(ids, 16).tokens
 
 
-def test_a_sliced_mask_equals_a_fresh_one():
+def test_a_remembered_mask_equals_a_fresh_one():
     from specee.runtime import LayerwiseLM
     rt = LayerwiseLM(random_lm("llama", layers=1))
     block = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     wide = rt.mask_for(9, 3, block)
+    assert rt.mask_for(9, 3, block) is wide  # the same step and length: not built again
     for past in (9, 5, 0):
         assert torch.equal(rt.mask_for(past, 3, block), rt._additive_mask(past, 3, block))
     assert rt.mask_for(9, 3, block) is not None and wide.shape[-1] == 12
@@ -222,3 +223,41 @@ def test_the_weights_fingerprint_does_not_depend_on_the_load_dtype(tiny):
     assert weights_fingerprint(model) == want
     half = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float16)
     assert weights_fingerprint(half) == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_every_tree_mask_has_the_layout_cudas_attention_kernel_reads(dtype):
+    """CUDA's memory-efficient SDPA kernel reads an attention mask at its data pointer without
+    checking alignment (pytorch/pytorch#183484): a mask sliced from column k > 0 of a wider one
+    crashed float16/bfloat16 tree decoding on an H200 with "misaligned address". Every mask the
+    runtime hands a layer (target and draft, EAGLE and SpecEE in the tree, prompts of different
+    lengths) starts its own storage and has rows of a multiple of 8 entries (16-byte aligned)."""
+    from specee.decoding.tree import TreeDecoder
+    from specee.runtime import LayerwiseLM
+    rt, draft, bank = early_exit_parts(6, rt=LayerwiseLM(random_lm("llama", layers=6, seed=0).to(dtype)))
+    draft.to(dtype)
+    seen = []
+    real = LayerwiseLM.step_layer
+
+    def recording(self, layer, i, h, rope, cache, block_mask=None, position_ids=None):
+        if block_mask is not None:
+            seen.append(self.mask_for(cache.lengths[i], h.shape[1], block_mask))
+        return real(self, layer, i, h, rope, cache, block_mask, position_ids)
+    real_draft_layer = type(draft.layer).forward
+
+    def draft_layer(self, x, attention_mask=None, **k):
+        if attention_mask is not None:
+            seen.append(attention_mask)
+        return real_draft_layer(self, x, attention_mask=attention_mask, **k)
+    import unittest.mock as um
+    with um.patch.object(LayerwiseLM, "step_layer", recording), \
+            um.patch.object(type(draft.layer), "forward", draft_layer):
+        for dec in (TreeDecoder(rt, draft, "small"), TreeDecoder(rt, draft, "small", bank, mapping="merged")):
+            for n in (11, 8, 5):  # shorter prompts after longer ones: a remembered wider mask
+                ids = torch.randint(1, 100, (1, n), generator=torch.Generator().manual_seed(n))
+                dec.generate(ids, 8)
+    assert len(seen) > 10
+    for m in seen:
+        assert m.storage_offset() == 0, m.storage_offset()
+        assert m.stride(-2) % 8 == 0, m.stride()
+        assert m.data_ptr() % 16 == 0

@@ -55,3 +55,11 @@ def test_concurrent_holders_of_one_lock_take_turns(tmp_path):
     lines = log.read_text().split("\n")[:-1]
     assert len(lines) == 4 and all(a.split()[1] == b.split()[1] and a.startswith("start") and b.startswith("end")
                                    for a, b in (lines[:2], lines[2:])), lines
+
+
+def test_a_checkpoint_loads_without_hub_kernels(tiny):
+    """transformers 5.2x kernelizes by default, which on CUDA needs the `kernels` package and a
+    download at load time (the GPU check's tiny steps failed on it): the harness turns it off."""
+    from conftest import TINY
+    model, _ = load_model(cfg(TINY))
+    assert model.use_kernels is False

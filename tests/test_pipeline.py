@@ -183,7 +183,9 @@ def test_reproduce_plan_covers_the_ablations():
                      "speed_eagle", "speed_specee_full", "stats", "accuracy_dense", "accuracy_dense_perplexity",
                      "accuracy_specee_t1_t2", "accuracy_specee_t1_t2_perplexity"]
     jobs = dict(plan(cfg))
-    assert "experiment.limit=10" in jobs["accuracy_specee_t1_t2_perplexity"]
+    # the main job's budget: 25 accuracy items, 6 TinyStories stories for perplexity
+    assert "experiment.limit=25" in jobs["accuracy_specee_t1_t2"]
+    assert "experiment.limit=6" in jobs["accuracy_specee_t1_t2_perplexity"]
     assert "dataset.count=1" in jobs["stats"] and "experiment.placements=[all_layers,offline_topm,online_union]" in jobs["stats"]
 
 

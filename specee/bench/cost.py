@@ -35,7 +35,8 @@ def _decode_step(model_path: str, context: int, dtype: str, runtime: str = "eage
 
     from specee.compiled import CompiledLM
     from specee.runtime import LayerwiseLM
-    model = AutoModelForCausalLM.from_pretrained(project_path(model_path), dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(project_path(model_path), dtype=getattr(torch, dtype),
+                                                 use_kernels=False).eval()
     rt = CompiledLM(model) if runtime == "compiled" else LayerwiseLM(model)
     ids = torch.randint(1, rt.config.vocab_size, (1, context), device=rt.device)
     cache = rt.new_cache(context + 4)

@@ -66,7 +66,11 @@ def load_model(model_cfg):
     src = checkpoint_dir(model_cfg)
     dtype = DTYPES[model_cfg.dtype]
     local_only = not model_cfg.allow_hub
-    kwargs = dict(dtype=dtype, local_files_only=local_only, trust_remote_code=model_cfg.trust_remote_code)
+    # use_kernels=False: transformers (5.2x) otherwise swaps layers for hub kernels on CUDA, which
+    # needs the `kernels` package and a download at load time, and would time other layers than
+    # the ones the harness walks.
+    kwargs = dict(dtype=dtype, local_files_only=local_only, trust_remote_code=model_cfg.trust_remote_code,
+                  use_kernels=False)
     if device == "auto":
         kwargs["device_map"] = "auto"
     try:
