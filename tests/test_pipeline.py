@@ -178,8 +178,9 @@ def test_reproduce_plan_covers_the_ablations():
     cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
     cfg.model = {"name": "tiny", "path": None}
     names = [n for n, _ in plan(cfg)]
-    # the default main job (cut to its time budget): the staircase, EAGLE and prompt lookup (ours, transformers')
-    assert names == ["speed_dense", "speed_pld", "speed_hf_pld", "speed_specee_t1_t2",
+    # the default main job (cut to its time budget): the staircase, EAGLE and prompt lookup (ours, with
+    # transformers' beside it in the same job)
+    assert names == ["speed_dense", "speed_pld", "speed_specee_t1_t2",
                      "speed_eagle", "speed_specee_full", "stats", "accuracy_dense", "accuracy_dense_perplexity",
                      "accuracy_specee_t1_t2", "accuracy_specee_t1_t2_perplexity"]
     jobs = dict(plan(cfg))
