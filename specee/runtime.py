@@ -99,6 +99,9 @@ def _parts(model) -> ModelParts:
     return ModelParts(inner.embed_tokens, inner.layers, inner.norm, model.lm_head, inner.rotary_emb)
 
 
+MASK_MEMO_SIZE = 8  # additive block masks remembered per block (one per cached length)
+
+
 class LayerwiseLM:
     """embed -> layer 0 -> ... -> layer L-1 -> norm -> lm_head, one call per piece."""
 
@@ -193,6 +196,11 @@ class LayerwiseLM:
             memo = self._mask_memo = (block_mask, block_mask._version, t, {})
         masks = memo[3]
         if past not in masks:
+            # A decoder keeps one block mask for its whole life (a fixed tree), so the memo would
+            # otherwise gain an entry every step; a step asks for a few lengths (full-depth layers,
+            # layers behind an exit), so the last few built are all it can reuse.
+            if len(masks) >= MASK_MEMO_SIZE:
+                masks.pop(next(iter(masks)))
             masks[past] = self._additive_mask(past, t, block_mask)
         return masks[past]
 

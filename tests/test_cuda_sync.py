@@ -185,6 +185,10 @@ def test_a_remembered_mask_equals_a_fresh_one():
     block = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     wide = rt.mask_for(9, 3, block)
     assert rt.mask_for(9, 3, block) is wide  # the same step and length: not built again
+    for past in range(10, 40):  # a fixed tree over a whole generation: the memo stays bounded
+        rt.mask_for(past, 3, block)
+    from specee.runtime import MASK_MEMO_SIZE
+    assert len(rt._mask_memo[3]) == MASK_MEMO_SIZE
     for past in (9, 5, 0):
         assert torch.equal(rt.mask_for(past, 3, block), rt._additive_mask(past, 3, block))
     assert rt.mask_for(9, 3, block) is not None and wide.shape[-1] == 12
