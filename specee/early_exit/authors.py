@@ -215,10 +215,11 @@ def read_authors_mlp(path: str | Path, k: int = AUTHORS_K) -> dict[str, torch.Te
     w1, b1 = _params(_child(obj.state, "fc1", "Linear", path), "fc1", path)
     w2, b2 = _params(_child(obj.state, "fc2", "Linear", path), "fc2", path)
     hidden, n_in = (w1.shape[0], w1.shape[1]) if w1.dim() == 2 else (-1, -1)
-    if n_in > 3 * k:
+    if n_in - 2 * k >= 64:  # d + 2K inputs, d a model's hidden size: their layout for other depths
         raise SpeceeError(f"{path}: fc1 takes {n_in} inputs, not 3K = {3 * k}: the authors' other feature layout "
-                          f"(cat(norm(h), draft logits, draft probs), their models that are not {AUTHORS_LAYERS} "
-                          "layers deep) is not supported; the harness computes only the 3K-value features")
+                          f"(cat(norm(h), draft logits, draft probs) = d + 2K with d = {n_in - 2 * k}, for their "
+                          f"models that are not {AUTHORS_LAYERS} layers deep) is not supported; the harness computes "
+                          "only the 3K-value features")
     want = {"fc1.weight": (w1, (hidden, 3 * k)), "fc1.bias": (b1, (hidden,)), "fc2.weight": (w2, (1, hidden)),
             "fc2.bias": (b2, (1,))}
     wrong = {n: tuple(t.shape) for n, (t, s) in want.items() if tuple(t.shape) != s or hidden < 1}
