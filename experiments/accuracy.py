@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specee import results
-from specee.decoding import build_decoder
+from specee.decoding import build_decoder, modes
 from specee.env import environment
 from specee.errors import SpeceeError
 from specee.evaluation import answer_figures, drift, registry
@@ -137,7 +137,7 @@ def per_item(metrics: dict, samples: dict) -> dict[str, dict]:
 def calibration_overlap(cfg, samples: dict) -> int | None:
     """GSM8K items that were also predictor/SVM calibration prompts (Spec-Bench math = GSM8K test)."""
     card = project_path(cfg.early_exit.predictors_path) / "predictors_card.json"
-    if cfg.ablation.mode == "dense" or "gsm8k" not in samples or not card.is_file():
+    if modes.of(cfg.ablation).reference or "gsm8k" not in samples or not card.is_file():
         return None
     ids = set(json.loads(card.read_text()).get("calibration_prompt_ids", []))
     spec = project_path(cfg.paths.data_root) / "spec_bench" / "question.jsonl"

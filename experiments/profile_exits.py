@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from specee import data, results
-from specee.decoding import build_decoder
+from specee.decoding import build_decoder, modes
 from specee.early_exit.schedule import PROFILE, offline_rule, offline_set
 from specee.errors import SpeceeError
 from specee.io import atomic_dir, project_path
@@ -26,7 +26,7 @@ def run(cfg) -> dict:
     model, tokenizer = load_model(cfg.model)
     rt = LayerwiseLM(model)
     all_layers = OmegaConf.merge(cfg.placement, {"name": "all_layers", "offline": False, "online": False})
-    specee_cfg = OmegaConf.merge(cfg, {"ablation": {"mode": "specee"}})  # whatever ablation= says
+    specee_cfg = modes.as_specee_ar(cfg)  # whatever ablation= says
     decoder = build_decoder(specee_cfg, rt, placement=all_layers)
     prompts, files = data.calibration_prompts(project_path(cfg.paths.data_root), e.calibration)
     counts = [0] * rt.num_layers

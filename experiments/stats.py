@@ -15,12 +15,13 @@ from collections import defaultdict
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from experiments.speed import check_disjoint_from_calibration, early_exit_metrics, generation_eos, load_prompts
+from specee.bench.exit_metrics import early_exit_metrics
+from specee.bench.inputs import check_disjoint_from_calibration, generation_eos, load_prompts
 from specee import results
 from specee.bench.exit_stats import context_similarity, distribution
 from specee.bench.oracle import layer_predictions, oracle_layers, oracle_summary
 from specee.bench.speed import match_rate, speed_metrics
-from specee.decoding import build_decoder
+from specee.decoding import build_decoder, modes
 from specee.decoding.dense import DenseDecoder
 from specee.early_exit.schedule import default_window
 from specee.errors import SpeceeError
@@ -52,8 +53,8 @@ def run(cfg) -> dict:
     L, eos, n_new = rt.num_layers, generation_eos(cfg, tokenizer), cfg.dataset.max_new_tokens
     # The statistics are about per-token exit layers under each placement: they always run the
     # autoregressive SpecEE decoder, whatever the ablation (tree ablations included), and say so.
-    specee_cfg = OmegaConf.merge(cfg, {"ablation": {"mode": "specee", "decoding": "autoregressive"}})
-    if cfg.ablation.mode != "specee" or cfg.ablation.decoding != "autoregressive":
+    specee_cfg = modes.as_specee_ar(cfg)
+    if not modes.is_specee_ar(cfg.ablation):
         print(f"note: stats measure the autoregressive SpecEE decoder; ablation={cfg.ablation.name} "
               "contributes only its early_exit settings")
     check_disjoint_from_calibration(specee_cfg, prompts)

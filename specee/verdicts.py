@@ -37,13 +37,10 @@ def kind(doc) -> str:
 
 def bank(doc) -> str:
     """Which predictors a result used, by the folder it read them from."""
-    mode = doc["config"]["ablation"]["mode"]
-    if mode == "dense":
-        return "–"
-    if mode == "adainfer":
-        return "AdaInfer SVM"
-    if mode == "eagle":
-        return "– (draft only)"
+    from specee.decoding import modes
+    label = modes.bank_label(doc["config"]["ablation"])
+    if label is not None:
+        return label
     folder = Path(str(doc["config"].get("early_exit", {}).get("predictors_path", ""))).name
     return next((label for suffix, label in BANKS.items() if folder.endswith(suffix)), "harness-default bank")
 

@@ -14,7 +14,7 @@ from conftest import ROOT, random_lm
 
 
 def _speed():
-    from experiments import speed
+    from specee.bench import timing as speed
     return speed
 
 

@@ -83,8 +83,8 @@ def _decoders(arch):
     return {"specee_ar": SpecEEDecoder(rt, draft, bank),
             "specee_ar_propagate": SpecEEDecoder(rt, draft, bank, kv_policy="propagate"),
             "eagle_tree": TreeDecoder(rt, draft, "small"),
-            "specee_tree_merged": TreeDecoder(rt, draft, "small", bank, mapping="merged"),
-            "specee_tree_independent": TreeDecoder(rt, draft, "small", bank, mapping="independent"),
+            "specee_tree_merged": TreeDecoder(rt, draft, "small", bank=bank, mapping="merged"),
+            "specee_tree_independent": TreeDecoder(rt, draft, "small", bank=bank, mapping="independent"),
             "adainfer": AdaInferDecoder(rt, AdaInferSVM([4.0, 2.0], -1.5))}
 
 
@@ -159,7 +159,7 @@ def test_tree_verification_builds_its_mask_once_per_step(monkeypatch):
             builds.append(past)
         return real(self, past, t, block)
     monkeypatch.setattr(LayerwiseLM, "_additive_mask", counting)
-    for dec in (TreeDecoder(rt, draft, "small"), TreeDecoder(rt, draft, "small", bank, mapping="merged")):
+    for dec in (TreeDecoder(rt, draft, "small"), TreeDecoder(rt, draft, "small", bank=bank, mapping="merged")):
         real_verify = dec.verify
         steps = [0]
 
@@ -256,7 +256,7 @@ def test_every_tree_mask_has_the_layout_cudas_attention_kernel_reads(dtype):
     import unittest.mock as um
     with um.patch.object(LayerwiseLM, "step_layer", recording), \
             um.patch.object(type(draft.layer), "forward", draft_layer):
-        for dec in (TreeDecoder(rt, draft, "small"), TreeDecoder(rt, draft, "small", bank, mapping="merged")):
+        for dec in (TreeDecoder(rt, draft, "small"), TreeDecoder(rt, draft, "small", bank=bank, mapping="merged")):
             for n in (11, 8, 5):  # shorter prompts after longer ones: a remembered wider mask
                 ids = torch.randint(1, 100, (1, n), generator=torch.Generator().manual_seed(n))
                 dec.generate(ids, 8)

@@ -26,14 +26,14 @@ def decoders(rt, draft, bank):
     sched = lambda: TwoLevelSchedule(L, [2, 3], True, 2, 1, False)  # noqa: E731
     out = {"dense": DenseDecoder(rt)}
     for policy in ("holes", "propagate"):
-        out[f"adainfer/{policy}"] = AdaInferDecoder(rt, svm, policy)
-        out[f"specee_t1/{policy}"] = SpecEEDecoder(rt, draft, bank, K, policy)
-        out[f"specee_t1_t2/{policy}"] = SpecEEDecoder(rt, draft, bank, K, policy, sched())
+        out[f"adainfer/{policy}"] = AdaInferDecoder(rt, svm, kv_policy=policy)
+        out[f"specee_t1/{policy}"] = SpecEEDecoder(rt, draft, bank, k=K, kv_policy=policy)
+        out[f"specee_t1_t2/{policy}"] = SpecEEDecoder(rt, draft, bank, k=K, kv_policy=policy, schedule=sched())
         for mapping in ("merged", "independent"):
-            out[f"specee_full/{mapping}/{policy}"] = TreeDecoder(rt, draft, "small", bank, sched(), mapping, K, policy)
-    out["eagle"] = TreeDecoder(rt, draft, "small", None, None, None, K)
-    out["specee_t1/shadow"] = SpecEEDecoder(rt, draft, bank, K, "holes", sched(), shadow=True)
-    out["pld"] = PromptLookupDecoder(rt, 4, 2)
+            out[f"specee_full/{mapping}/{policy}"] = TreeDecoder(rt, draft, "small", bank=bank, schedule=sched(), mapping=mapping, k=K, kv_policy=policy)
+    out["eagle"] = TreeDecoder(rt, draft, "small", k=K)
+    out["specee_t1/shadow"] = SpecEEDecoder(rt, draft, bank, k=K, kv_policy="holes", schedule=sched(), shadow=True)
+    out["pld"] = PromptLookupDecoder(rt, num_tokens=4, ngram_size=2)
     return out
 
 
@@ -68,7 +68,7 @@ def test_the_guard_catches_a_host_made_token(parts, monkeypatch):
     """The check can fail: a step that hands back torch.tensor(int) — made without a device, the
     bug this guard exists for — breaks under the meta default device."""
     rt, draft, bank = parts
-    d = SpecEEDecoder(rt, draft, bank, K)
+    d = SpecEEDecoder(rt, draft, bank, k=K)
     real = d.decode_one_token
 
     def host_made(*args, **kwargs):
@@ -104,7 +104,7 @@ def test_phase_split_covers_the_decode_time(parts, name):
 
 def test_host_syncs_are_counted(parts):
     rt, draft, bank = parts
-    gen = SpecEEDecoder(rt, draft, bank, K).generate(prompt(), 24)
+    gen = SpecEEDecoder(rt, draft, bank, k=K).generate(prompt(), 24)
     for t in gen.trace:  # the draft's set, each predictor decision, each verification, the token
         assert t["syncs"] == 1 + t["pred_calls"] + t["verify_calls"] + 1
     tree = decoders(rt, draft, bank)["specee_full/merged/holes"].generate(prompt(), 24)

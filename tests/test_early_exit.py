@@ -63,7 +63,7 @@ def test_bank_reproduces_the_training_mlp():
 def test_never_firing_predictor_reproduces_dense_exactly(policy):
     rt, draft = setup()
     never = PredictorBank.constant(rt.num_layers, K, fire=False)
-    dec = SpecEEDecoder(rt, draft, never, K, policy)
+    dec = SpecEEDecoder(rt, draft, never, k=K, kv_policy=policy)
     for ids in prompts():
         gen = dec.generate(ids, 20)
         assert gen.tokens == DenseDecoder(rt).generate(ids, 20).tokens
@@ -74,7 +74,7 @@ def test_never_firing_predictor_reproduces_dense_exactly(policy):
 def test_always_firing_predictor_exits_only_where_verification_allows():
     rt, draft = setup(layers=8)
     always = PredictorBank.constant(rt.num_layers, K, fire=True)
-    dec = SpecEEDecoder(rt, draft, always, K, "holes")
+    dec = SpecEEDecoder(rt, draft, always, k=K, kv_policy="holes")
     exits = 0
     for ids in prompts(5):
         gen = dec.generate(ids, 24)
@@ -141,7 +141,7 @@ def test_dense_score_equals_hf_loglikelihood():
 def test_specee_scoring_its_own_output_replays_the_decode(fire):
     """Teacher forcing on the tokens SpecEE generated takes the same exits and is greedy."""
     rt, draft = setup(layers=8)
-    dec = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=fire), K, "holes")
+    dec = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=fire), k=K, kv_policy="holes")
     for ids in prompts(3):
         gen = dec.generate(ids, 16)
         s = dec.score(ids, gen.tokens, exit_at_context_end=False)
@@ -154,14 +154,14 @@ def test_specee_scoring_its_own_output_replays_the_decode(fire):
 def test_scoring_exits_on_the_last_context_token_by_default():
     """The first continuation token is also scored by an exit decision (one-token answers)."""
     rt, draft = setup(layers=8)
-    dec = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=True), K, "holes")
+    dec = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=True), k=K, kv_policy="holes")
     exited = 0
     g = torch.Generator().manual_seed(3)
     for ids in [torch.randint(1, 101, (1, 4 + i % 9), generator=g) for i in range(40)]:
         s = dec.score(ids[:, :-1], [int(ids[0, -1])])
         assert len(s.layers) == 1
         exited += s.layers[0] < rt.num_layers
-        never = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=False), K, "holes")
+        never = SpecEEDecoder(rt, draft, PredictorBank.constant(rt.num_layers, K, fire=False), k=K, kv_policy="holes")
         dense = DenseDecoder(rt).score(ids[:, :-1], [int(ids[0, -1])])
         np.testing.assert_allclose(never.score(ids[:, :-1], [int(ids[0, -1])]).logprobs, dense.logprobs,
                                    rtol=1e-4, atol=1e-5)
@@ -210,7 +210,7 @@ def test_delta_feature_under_a_schedule_is_what_the_predictors_were_trained_on(d
     never.decide = lambda i, x: seen.append((i, x.clone())) or decide(i, x)
     mask = [i in (2, 3, 6) for i in range(8)]
     ids = torch.randint(1, 101, (1, 7), generator=torch.Generator().manual_seed(4))
-    dec = SpecEEDecoder(rt, draft, never, 4, schedule=FixedLayers(mask), delta_from=delta_from)
+    dec = SpecEEDecoder(rt, draft, never, k=4, schedule=FixedLayers(mask), delta_from=delta_from)
     gen = dec.generate(ids, 6)
     ref = collect_prompt(rt, draft, ids, 6, 4, None)["feats"]  # (tokens, layers, 3K)
     assert [i for i, _ in seen] == [2, 3, 6] * (len(gen.tokens) - 1)

@@ -34,8 +34,8 @@ def _same(a, b):
 def test_lockstep_gives_each_decoder_the_generation_it_gives_alone(parts, flip):
     rt, draft, bank = parts
     sched = lambda: TwoLevelSchedule(L, [2, 3], True, 2, 1, False)  # noqa: E731
-    decs = [DenseDecoder(rt), SpecEEDecoder(rt, draft, bank, K, "holes", sched()),
-            TreeDecoder(rt, draft, "small", bank, sched(), "merged", K, "holes")]
+    decs = [DenseDecoder(rt), SpecEEDecoder(rt, draft, bank, k=K, kv_policy="holes", schedule=sched()),
+            TreeDecoder(rt, draft, "small", bank=bank, schedule=sched(), mapping="merged", k=K, kv_policy="holes")]
     ids = torch.randint(1, 101, (1, 9), generator=torch.Generator().manual_seed(3))
     alone = [d.generate(ids, 20, None) for d in decs]
     together = generate_lockstep(decs, ids, 20, None, flip=flip)

@@ -42,7 +42,7 @@ def test_transformers_prompt_lookup_accepts_what_ours_does():
     """Same rule, same text: the same tokens and the same tokens per verification step."""
     model = random_lm("llama", layers=3, seed=1)
     rt = LayerwiseLM(model)
-    ours, hf = PromptLookupDecoder(rt, 4, 2), HFGenerateDecoder(model, rt, "hf_pld", prompt_lookup_num_tokens=4,
+    ours, hf = PromptLookupDecoder(rt, num_tokens=4, ngram_size=2), HFGenerateDecoder(model, rt, "hf_pld", prompt_lookup_num_tokens=4,
                                                                   max_matching_ngram_size=2)
     for seed in range(3):
         ids = _repeated_prompt(seed)
@@ -68,7 +68,7 @@ def test_lookup_replay_is_the_decoder_step_for_step():
     rt = LayerwiseLM(random_lm("llama", layers=3, seed=1))
     dense = DenseDecoder(rt)
     for n in (1, 3, 8):
-        dec = PromptLookupDecoder(rt, n, 2)
+        dec = PromptLookupDecoder(rt, num_tokens=n, ngram_size=2)
         for seed in range(3):
             ids = _repeated_prompt(seed)
             tokens = dense.generate(ids, 24).tokens
@@ -116,13 +116,13 @@ def test_lookup_set_takes_recent_continuations_of_the_longest_ngram():
 
 def test_specee_pld_without_matches_is_specee_and_with_matches_skips_the_draft():
     rt, draft, bank = early_exit_parts(layers=4)
-    plain = SpecEEDecoder(rt, draft, bank, 4)
-    never = PromptLookupSpecEEDecoder(rt, draft, bank, 4, ngram_size=12)  # a 12-gram never recurs here
+    plain = SpecEEDecoder(rt, draft, bank, k=4)
+    never = PromptLookupSpecEEDecoder(rt, draft, bank, k=4, ngram_size=12)  # a 12-gram never recurs here
     ids = torch.arange(1, 9).view(1, -1)
     a, b = plain.generate(ids, 12), never.generate(ids, 12)
     assert a.tokens == b.tokens and a.exit_layers == b.exit_layers
     assert all(t["spec_source"] == "draft" for t in b.trace)
-    looked = PromptLookupSpecEEDecoder(rt, draft, bank, 4, ngram_size=1)
+    looked = PromptLookupSpecEEDecoder(rt, draft, bank, k=4, ngram_size=1)
     got = looked.generate(_repeated_prompt(0), 16)
     sources = [t["spec_source"] for t in got.trace]
     assert "prompt" in sources

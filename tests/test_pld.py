@@ -44,7 +44,7 @@ def test_proposal_takes_the_first_occurrence_of_the_longest_ngram():
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_pld_is_dense_token_for_token(arch):
     rt = LayerwiseLM(random_lm(arch, layers=3, seed=1))
-    dense, pld = DenseDecoder(rt), PromptLookupDecoder(rt, 4, 2)
+    dense, pld = DenseDecoder(rt), PromptLookupDecoder(rt, num_tokens=4, ngram_size=2)
     accepted = []
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)
@@ -62,7 +62,7 @@ def test_pld_matches_transformers_generate_on_tiny(tiny):
     rt = LayerwiseLM(model)
     text = "Once upon a time there was a cat. The cat was happy. Once upon a time there was a"
     ids = tok(text, return_tensors="pt").input_ids
-    ours = PromptLookupDecoder(rt, 10, 2).generate(ids, 24).tokens
+    ours = PromptLookupDecoder(rt, num_tokens=10, ngram_size=2).generate(ids, 24).tokens
     hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
                         prompt_lookup_num_tokens=10, pad_token_id=tok.eos_token_id, temperature=None, top_p=None,
                         top_k=None)[0, ids.shape[1]:].tolist()
@@ -73,7 +73,7 @@ def test_bad_settings_are_refused():
     rt = LayerwiseLM(random_lm("llama", layers=2))
     for n, g in ((0, 2), (3, 0), (-1, 1)):
         with pytest.raises(SpeceeError, match="num_tokens"):
-            PromptLookupDecoder(rt, n, g)
+            PromptLookupDecoder(rt, num_tokens=n, ngram_size=g)
 
 
 @pytest.mark.parametrize("override, message", [("ablation.num_tokens=0", "ablation.num_tokens=0 must be a whole number in [1, 64] or auto"),

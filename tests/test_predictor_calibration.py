@@ -255,13 +255,13 @@ def test_autoregressive_exits_only_at_layers_whose_threshold_lets_the_predictor_
     silent = PredictorBank.constant(n, 4, fire=True)
     silent.set_layer_thresholds([1.0] * n)
     for ids in _prompts():
-        gen = SpecEEDecoder(rt, draft, silent, 4, "holes").generate(ids, 12)
+        gen = SpecEEDecoder(rt, draft, silent, k=4, kv_policy="holes").generate(ids, 12)
         assert gen.tokens == DenseDecoder(rt).generate(ids, 12).tokens
         assert all(t["verify_calls"] == 0 for t in gen.trace)
     only = PredictorBank.constant(n, 4, fire=True)  # layer 2 alone may fire (0.73 > 0.7)
     only.set_layer_thresholds([1.0, 1.0, 0.7] + [0.9] * (n - 3))
     for ids in _prompts():
-        gen = SpecEEDecoder(rt, draft, only, 4, "holes").generate(ids, 12)
+        gen = SpecEEDecoder(rt, draft, only, k=4, kv_policy="holes").generate(ids, 12)
         assert all(t["verify_calls"] == 1 and t["exit_layer"] in (2, n - 1) for t in gen.trace)
 
 
@@ -273,7 +273,7 @@ def test_tree_decoding_honours_per_layer_thresholds():
     silent = PredictorBank.constant(n, 4, fire=True)
     silent.set_layer_thresholds([1.0] * n)
     for mapping in ("merged", "independent"):
-        dec = TreeDecoder(rt, draft, "small", silent, mapping=mapping, k=4)
+        dec = TreeDecoder(rt, draft, "small", bank=silent, mapping=mapping, k=4)
         for ids in _prompts():
             gen = dec.generate(ids, 12)
             assert gen.tokens == DenseDecoder(rt).generate(ids, 12).tokens

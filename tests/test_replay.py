@@ -33,7 +33,7 @@ def test_replayed_profile_sets_avg_layers_on_all_layers(parts, tmp_path):
     rt, draft, bank = parts
     counts = [0, 5, 1, 0, 9, 2, 0, 3]  # layer 7 (the last) = no exit
     replay = ExitReplay(profile(tmp_path, counts), L, seed=0)
-    d = SpecEEDecoder(rt, draft, bank, K, replay=replay)
+    d = SpecEEDecoder(rt, draft, bank, k=K, replay=replay)
     trace = [t for ids in prompts() for t in d.generate(ids, 40).trace]
     targets = [t["replay_target"] + 1 for t in trace]
     layers = [t["layers"] for t in trace]
@@ -47,7 +47,7 @@ def test_scheduled_replay_exits_at_the_next_scheduled_layer(parts, tmp_path):
     rt, draft, bank = parts
     replay = ExitReplay(profile(tmp_path, [1] * L), L, seed=1)
     sched = TwoLevelSchedule(L, [5], False, 5, 1)  # offline only: layer 5
-    trace = SpecEEDecoder(rt, draft, bank, K, schedule=sched, replay=replay).generate(prompts(1)[0], 40).trace
+    trace = SpecEEDecoder(rt, draft, bank, k=K, schedule=sched, replay=replay).generate(prompts(1)[0], 40).trace
     for t in trace:
         assert t["exit_layer"] == (5 if t["replay_target"] <= 5 else L - 1)
 
@@ -56,8 +56,8 @@ def test_scheduled_replay_exits_at_the_next_scheduled_layer(parts, tmp_path):
 def test_replaying_a_recorded_trace_reproduces_the_tokens(parts, tmp_path, tree):
     rt, draft, bank = parts
     sched = lambda: TwoLevelSchedule(L, [2, 3], True, 2, 1)  # noqa: E731
-    make = (lambda r: TreeDecoder(rt, draft, "small", bank, sched(), "merged", K, replay=r)) if tree else \
-        (lambda r: SpecEEDecoder(rt, draft, bank, K, schedule=sched(), replay=r))
+    make = (lambda r: TreeDecoder(rt, draft, "small", bank=bank, schedule=sched(), mapping="merged", k=K, replay=r)) if tree else \
+        (lambda r: SpecEEDecoder(rt, draft, bank, k=K, schedule=sched(), replay=r))
     real = {prompt_sha(ids): make(None).generate(ids, 30) for ids in prompts()}
     if not tree:
         assert any(l < L for g in real.values() for l in g.exit_layers[1:]), "no exits to replay"

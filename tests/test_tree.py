@@ -161,8 +161,8 @@ def test_root_only_tree_is_autoregressive_specee(mapping, policy, bank):
     rt, draft = setup(layers=8)
     b = {"never": lambda: PredictorBank.constant(8, K, False),
          "always": lambda: PredictorBank.constant(8, K, True), "random": lambda: random_bank(8)}[bank]()
-    ar = SpecEEDecoder(rt, draft, b, K, policy)
-    tree = TreeDecoder(rt, draft, chain(0), b, mapping=mapping, k=K, kv_policy=policy)
+    ar = SpecEEDecoder(rt, draft, b, k=K, kv_policy=policy)
+    tree = TreeDecoder(rt, draft, chain(0), bank=b, mapping=mapping, k=K, kv_policy=policy)
     exits = 0
     for ids in prompts():
         a, t = ar.generate(ids, 20), tree.generate(ids, 20)
@@ -178,7 +178,7 @@ def test_trees_without_exits_are_lossless_with_predictors(tree):
     rt, draft = setup()
     never = PredictorBank.constant(rt.num_layers, K, False)
     for mapping in ("merged", "independent"):
-        dec = TreeDecoder(rt, draft, tree, never, mapping=mapping, k=K)
+        dec = TreeDecoder(rt, draft, tree, bank=never, mapping=mapping, k=K)
         for ids in prompts(2):
             assert dec.generate(ids, 16).tokens == DenseDecoder(rt).generate(ids, 16).tokens
 
@@ -202,12 +202,12 @@ def test_exit_rule_needs_the_walks_predictors():
     """HAND's nodes: 1=[0] 2=[1] 3=[0,0] 4=[0,1] 5=[1,0] 6=[0,0,0]; leaves 4, 5, 6."""
     rt, draft = setup(layers=2)
     bank = PredictorBank.constant(2, K, True)
-    ind = TreeDecoder(rt, draft, HAND, bank, mapping="independent", k=K)
+    ind = TreeDecoder(rt, draft, HAND, bank=bank, mapping="independent", k=K)
     units = [u[0] for u in ind.units]
     assert {units[u] for u in ind.needed([0, 1, 3])} == {0, 1, 3}
     assert ind.needed([0, 1, 4]) is None  # ends at a leaf: no predictor vouches for the bonus
     assert ind.needed([0]) == {0}
-    merged = TreeDecoder(rt, draft, HAND, bank, mapping="merged", k=K)
+    merged = TreeDecoder(rt, draft, HAND, bank=bank, mapping="merged", k=K)
     leaf_of = [p[-1] for p in merged.units]
     # Accepted prefix root -> [0]: the hyper-tokens through node 1 end at leaves 4 and 6, the
     # path to 6 included although the walk may have rejected [0, 0] at this layer.
@@ -222,7 +222,7 @@ def test_predictor_evaluation_counts():
     rt, draft = setup()
     never = PredictorBank.constant(rt.num_layers, K, False)
     for mapping, per_layer in (("independent", 4), ("merged", 3)):
-        gen = TreeDecoder(rt, draft, HAND, never, mapping=mapping, k=K).generate(prompts(1)[0], 10)
+        gen = TreeDecoder(rt, draft, HAND, bank=never, mapping=mapping, k=K).generate(prompts(1)[0], 10)
         assert all(tr["pred_calls"] == per_layer * (rt.num_layers - 1) for tr in gen.trace)
 
 
@@ -239,7 +239,7 @@ def test_exits_inside_the_tree_keep_the_cache_consistent(policy, mapping, monkey
         # Every other true token ranks 3, outside the tree's children but inside S: walks then
         # end at inner nodes, where the independent mapping has a predictor for the bonus.
         draft = OracleDraft(rt, ids[0].tolist() + ref, rank_of=lambda p: (0, 3)[p % 2])
-        gen = TreeDecoder(rt, draft, "small", always, mapping=mapping, k=K, kv_policy=policy).generate(ids, 30)
+        gen = TreeDecoder(rt, draft, "small", bank=always, mapping=mapping, k=K, kv_policy=policy).generate(ids, 30)
         assert len(gen.tokens) == 30 and any(tr["exit_layer"] < 7 for tr in gen.trace)
         assert all(tr["verify_calls"] >= 1 for tr in gen.trace)  # an always-firing bank verifies
         c = caches[-1]
@@ -264,7 +264,7 @@ def test_scoring_lossless_tree_is_dense_and_exits_refuse():
     got = TreeDecoder(rt, draft, "small").score(ids[:, :4], ids[0, 4:].tolist())
     assert got.logprobs == DenseDecoder(rt).score(ids[:, :4], ids[0, 4:].tolist()).logprobs
     with pytest.raises(SpeceeError, match="scoring"):
-        TreeDecoder(rt, draft, "small", PredictorBank.constant(3, K, True)).score(ids[:, :4], [1])
+        TreeDecoder(rt, draft, "small", bank=PredictorBank.constant(3, K, True)).score(ids[:, :4], [1])
 
 
 @pytest.mark.parametrize("delta_from", ["previous_layer", "previous_evaluated"])
@@ -274,8 +274,8 @@ def test_root_only_tree_is_autoregressive_specee_under_a_schedule(delta_from):
     rt, draft = setup(layers=8)
     bank = random_bank(8)
     sched = FixedLayers([i in (1, 4, 5) for i in range(8)])
-    ar = SpecEEDecoder(rt, draft, bank, K, schedule=sched, delta_from=delta_from)
-    tree = TreeDecoder(rt, draft, chain(0), bank, sched, "merged", K, delta_from=delta_from)
+    ar = SpecEEDecoder(rt, draft, bank, k=K, schedule=sched, delta_from=delta_from)
+    tree = TreeDecoder(rt, draft, chain(0), bank=bank, schedule=sched, mapping="merged", k=K, delta_from=delta_from)
     for ids in prompts():
         a, t = ar.generate(ids, 20), tree.generate(ids, 20)
         assert t.tokens == a.tokens and t.exit_layers == a.exit_layers

@@ -74,8 +74,8 @@ def test_fired_rows_verification_decides_exactly_as_the_full_head(rule):
     rt, draft, bank = early_exit_parts(layers=6)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(1, 101, (1, 10), generator=g)
-    merged = TreeDecoder(rt, draft, "small", bank, mapping="merged", exit_rule=rule)
-    full = TreeDecoder(rt, draft, "small", bank, mapping="merged", exit_rule=rule)
+    merged = TreeDecoder(rt, draft, "small", bank=bank, mapping="merged", exit_rule=rule)
+    full = TreeDecoder(rt, draft, "small", bank=bank, mapping="merged", exit_rule=rule)
     full.fired_rows_only = False  # the reference: every row of the tree's head at each verification
     a, b = merged.generate(ids, 16), full.generate(ids, 16)
     assert a.tokens == b.tokens and a.exit_layers == b.exit_layers

@@ -43,10 +43,6 @@ PER_LAYER_COUNTS = ("layer_steps", "tree_layer_steps", "predictor_calls", "price
                     "delta_probes", "adainfer_probes")
 
 
-def _is_tree(mode: str, decoding: str) -> bool:
-    return mode == "eagle" or decoding == "tree"
-
-
 def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive",
                draft_tree_syncs: int = 0) -> dict:
     """Per-emitted-token work of ``gens`` (a run's Generations) for ``mode`` (dense, specee,
@@ -54,9 +50,11 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
 
     ``draft_tree_syncs``: host reads one ``draft_tree`` call does itself (measure_unit_costs
     reports it), so they are not priced twice as extra syncs."""
+    from specee.decoding import modes
+    spec = modes.spec(mode)
     L = num_layers
     tokens = sum(len(g.tokens) - 1 for g in gens)  # the first token comes from prefill
-    if mode == "dense":
+    if spec.costs.dense:
         # Dense: each step = one token, all L layers, one LM head whose argmax is read (in lm_head).
         c = {"steps": 1.0, "layer_steps": float(L), "tree_layer_steps": 0.0, "lm_heads": 1.0,
              "tree_lm_heads": 0.0, "predictor_calls": 0.0, "delta_probes": 0.0, "adainfer_probes": 0.0,
@@ -64,7 +62,7 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
              "avg_layers": float(L)}
         return _priced(c) | {"tokens": float(tokens)}
     trace = [t for g in gens for t in g.trace]
-    tree = _is_tree(mode, decoding)
+    tree = spec.is_tree({"decoding": decoding})
     # tokens per step: tree steps emit t["emitted"]; autoregressive steps emit one token.
     emitted = sum(t.get("emitted", 1) for t in trace)
     n = max(emitted, 1)
@@ -79,7 +77,7 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
         "tree_layer_steps": s("layers") / n if tree else 0.0,
         # full-vocab heads on one row: AR verify_calls + the final head when no exit; AdaInfer's
         # every pred_call (rt.logits per layer) + the final head when no exit.
-        "lm_heads": 0.0 if tree else (s("verify_calls") + s("pred_calls") * (mode == "adainfer")
+        "lm_heads": 0.0 if tree else (s("verify_calls") + s("pred_calls") * spec.costs.lm_head_per_predictor_call
                                       + sum(no_exit)) / n,
         # tree: the final head when no exit (over `nodes` rows) + the exit verifications, in
         # whole-tree heads: their rows over the tree's (merged SpecEE computes only fired paths'
@@ -91,10 +89,11 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
         # reduced-head probes without a predictor (p_prev for the next predictor layer).
         "delta_probes": s("delta_probes") / n,
         # AdaInfer: each predictor call is full logits + SVM decision (priced as adainfer_probe).
-        "adainfer_probes": s("pred_calls") / n if mode == "adainfer" else 0.0,
+        "adainfer_probes": s("pred_calls") / n if spec.costs.lm_head_per_predictor_call else 0.0,
         # SpecEE AR: one draft proposal (draft layer + draft head + top-K read) per step.
         # (SpecEE with prompt-lookup speculation: only the steps the draft served, draft_calls.)
-        "draft_steps": sum(t.get("draft_calls", 1) for t in trace) / n if (mode == "specee" and not tree) else 0.0,
+        "draft_steps": sum(t.get("draft_calls", 1) for t in trace) / n if (spec.costs.draft_step_per_step and not tree)
+        else 0.0,
         # tree modes: one tree draft per verification step.
         "draft_trees": len(trace) / n if tree else 0.0,
         # every host read of a device value the step did (PhaseTimer's count).

@@ -100,7 +100,8 @@ def noisy_reasons(m: dict, mode: str, load_before: dict, load_after: dict, multi
     above 1 is what speculation buys, not a measurement error."""
     reasons = []
     lo, hi = m.get("speedup_vs_dense_ci", [float("nan")] * 2)
-    if mode == "dense" and not lo <= 1.0 <= hi:
+    from specee.decoding import modes
+    if modes.spec(mode).reference and not lo <= 1.0 <= hi:
         reasons.append(f"dense against itself gave {m['speedup_vs_dense']:.3f} with 95% interval "
                        f"[{lo:.3f}, {hi:.3f}], which excludes 1")
     if not multi_token and (m.get("efficiency") or 0) > 1.0:
@@ -168,3 +169,47 @@ def speculation_sources(gens, num_layers: int) -> dict:
                        "avg_layers": sum(t["exit_layer"] + 1 for t in steps) / len(steps) if steps else None}
     out["draft_calls_per_token"] = sum(t.get("draft_calls", 1) for t in trace) / max(len(trace), 1)
     return out
+
+
+def machine_fingerprint(m: dict, d: dict) -> dict:
+    """What a speed ratio here depends on, so two runs on different machines can be compared honestly:
+    the processor, its caches and vector units, the threads, dense's own ms/token and the LM head's
+    time over a layer's (the cost model's units, when it ran). The speedup's interval covers this
+    machine's noise over prompts, not the spread between machines."""
+    from specee.env import environment
+    env = environment()
+    units = (m.get("cost_model") or {}).get("units_us") or {}
+    return {"cpu": env["cpu"], "cpu_caches": env["cpu_caches"], "cpu_vector_flags": env["cpu_vector_flags"],
+            "threads": env["torch_threads"], "gpus": [g.get("name") for g in env["gpus"]],
+            "dense_ms_per_token": d["ms_per_token"],
+            "lm_head_over_layer_time": units["lm_head"] / units["layer"] if units.get("layer") else None,
+            "interval_covers": "this machine's noise over prompts (paired, interleaved); not the spread between machines"}
+
+
+def print_summary(name: str, m: dict, d: dict, runtime_kind: str | None = None) -> None:
+    """A speed result in a few lines: throughput, layers, speedups, the cost model and the
+    bandwidth floor. ``runtime_kind``: set when eager dense ran beside a compiled runtime."""
+    print(f"{name}: {m['tokens_per_s']:.1f} tok/s, avg_layers {m['avg_layers']:.2f}/"
+          f"{m['num_layers']}, speedup_vs_dense {m['speedup_vs_dense']:.3f} "
+          f"[{m['speedup_vs_dense_ci'][0]:.3f}, {m['speedup_vs_dense_ci'][1]:.3f}], "
+          f"match {m['match_rate_vs_dense']:.3f}"
+          + (f", hf_generate_ratio {m['hf_generate_ratio']:.3f}" if "hf_generate_ratio" in m else "")
+          + (f", speedup_vs_hf_generate {m['speedup_vs_hf_generate']:.3f}" if m["speedup_vs_hf_generate"] else "")
+          + (f", speedup_vs_eager_dense {m['speedup_vs_eager_dense']:.3f} (runtime {runtime_kind}; "
+             f"{m['runtime']['compile_s']:.1f} s compiling, {m['runtime']['graphs_compiled_in_timed_runs']} "
+             "graphs compiled while timed)" if runtime_kind else ""))
+    if "modelled_speedup_vs_dense" in m and "block_costs" in m["cost_model"]:
+        c = m["cost_model"]
+        print(f"block-cost model: modelled speedup {c['modelled_speedup_vs_dense']:.3f} [{c['modelled_band'][0]:.3f}, "
+              f"{c['modelled_band'][1]:.3f}] (measured {m['speedup_vs_dense']:.3f}); mean block "
+              f"{c['counts']['mean_block']:.2f} tokens, {c['counts']['steps_per_token']:.3f} steps per token")
+    elif "modelled_speedup_vs_dense" in m:
+        c = m["cost_model"]
+        print(f"cost model: modelled speedup {c['modelled_speedup_vs_dense']:.3f} [{c['modelled_band'][0]:.3f}, "
+              f"{c['modelled_band'][1]:.3f}] (measured {m['speedup_vs_dense']:.3f}); gap to the layer ratio: "
+              + ", ".join(f"{g['cost']} {g['layer_units_per_token']:.2f} layers/token" for g in c["gap_to_layer_ratio"])
+              + "; Llama-2-7B/13B on " + c["predicted_gpu"]["method"].split(":")[0] + ": "
+              + " / ".join(f"{v:.2f}x" for v in c["predicted_gpu"]["speedup_vs_dense"].values()))
+    print(f"bandwidth floor {m['bandwidth_bound']['limit_ms_per_token']:.3f} ms/token "
+          f"({m['bandwidth_bound']['copy_gb_per_s']:.1f} GB/s copy): this mode {m['ms_per_token_over_limit']:.1f}x, "
+          f"dense {d['ms_per_token_over_limit']:.1f}x")

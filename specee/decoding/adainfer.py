@@ -64,7 +64,7 @@ class AdaInferSession:
 class AdaInferDecoder(LoopDecoder):
     name = "adainfer"
 
-    def __init__(self, rt: LayerwiseLM, svm: AdaInferSVM, kv_policy: str = "holes"):
+    def __init__(self, rt: LayerwiseLM, svm: AdaInferSVM, *, kv_policy: str = "holes"):
         self.rt, self.svm, self.kv_policy = rt, svm.to(rt.device), kv_policy
         self.eligible = [i < rt.num_layers - 1 for i in range(rt.num_layers)]
 

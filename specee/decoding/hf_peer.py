@@ -21,9 +21,14 @@ from specee.bench.speed import greedy_generate_args
 from specee.decoding.base import Clock, Generation, PhaseTimer
 from specee.errors import SpeceeError
 
+# Each peer: what it is, and generate's keyword arguments from (num_tokens, ngram_size, exit_layer).
 PEERS = {"hf_pld": "transformers' prompt lookup, generate(prompt_lookup_num_tokens=N)",
          "hf_self_spec": "transformers' early-exit self-speculation, generate(assistant_early_exit=k)",
          "hf_plain": "transformers' plain greedy generate"}
+_KWARGS = {"hf_pld": lambda n, g, k: {"prompt_lookup_num_tokens": int(n), "max_matching_ngram_size": int(g)},
+           "hf_self_spec": lambda n, g, k: {"assistant_early_exit": int(k)},
+           "hf_plain": lambda n, g, k: {}}
+NEEDS_EXIT_LAYER = ("hf_self_spec",)  # its draft depth: ablation.exit_layer (auto: chosen here)
 
 
 class _StepMarks:
@@ -86,13 +91,29 @@ class HFGenerateDecoder:
         return Generation(tokens, token_s[0], token_s, [L] * len(tokens), trace)
 
 
-def peer_kwargs(mode: str, num_tokens: int, ngram_size: int, exit_layer: int | None) -> dict:
-    """transformers' generate arguments for a peer mode."""
-    if mode == "hf_pld":
-        return {"prompt_lookup_num_tokens": int(num_tokens), "max_matching_ngram_size": int(ngram_size)}
-    if mode == "hf_self_spec":
-        return {"assistant_early_exit": int(exit_layer)}
-    return {}
+def peer_kwargs(peer: str, num_tokens: int, ngram_size: int, exit_layer: int | None) -> dict:
+    """transformers' generate arguments for a peer."""
+    return _KWARGS[peer](num_tokens, ngram_size, exit_layer)
+
+
+def build_peer(cfg, rt, peer: str, eos_id=None, num_tokens: int | None = None):
+    """A transformers ``generate`` peer (hf_pld, hf_self_spec, or hf_plain: the peers' own baseline)
+    at the ablation's settings (``exit_layer=auto`` chosen here, recorded as ``choice``)."""
+    from specee.config import check_exit_layer_text
+    a, choice, k = cfg.ablation, None, None
+    if peer in NEEDS_EXIT_LAYER:
+        k = a.exit_layer
+        if k == "auto":
+            from specee.decoding.auto_settings import auto_exit_layer
+            choice = auto_exit_layer(cfg, rt, eos_id)
+            k = choice["chosen"]
+        elif k >= rt.num_layers:
+            raise SpeceeError(check_exit_layer_text(k, rt.num_layers))
+    if num_tokens is None:
+        num_tokens = a.num_tokens if a.num_tokens != "auto" else 10
+    decoder = HFGenerateDecoder(rt.model, rt, peer, **peer_kwargs(peer, num_tokens, a.ngram_size, k))
+    decoder.choice = choice
+    return decoder
 
 
 def not_applicable(decoder: HFGenerateDecoder, prompt_ids, eos_id) -> str | None:

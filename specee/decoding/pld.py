@@ -58,7 +58,7 @@ class PromptLookupDecoder(LoopDecoder):
     name = "pld"
     multi_token = True
 
-    def __init__(self, rt: LayerwiseLM, num_tokens: int = 10, ngram_size: int = 2, eos_id: int | None = None):
+    def __init__(self, rt: LayerwiseLM, *, num_tokens: int = 10, ngram_size: int = 2, eos_id: int | None = None):
         if num_tokens < 1 or ngram_size < 1:
             raise SpeceeError(f"prompt lookup needs ablation.num_tokens >= 1 and ablation.ngram_size >= 1, "
                               f"not {num_tokens} and {ngram_size}")

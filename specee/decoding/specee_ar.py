@@ -40,7 +40,7 @@ class ARSession:
 class SpecEEDecoder(LoopDecoder):
     name = "specee"
 
-    def __init__(self, rt: LayerwiseLM, draft: DraftHead, predictors: PredictorBank, k: int = 4,
+    def __init__(self, rt: LayerwiseLM, draft: DraftHead, predictors: PredictorBank, *, k: int = 4,
                  kv_policy: str = "holes", schedule=None, shadow: bool = False, replay=None,
                  delta_from: str = "previous_layer"):
         self.rt, self.draft, self.predictors, self.k = rt, draft, predictors, k

@@ -57,6 +57,7 @@ from specee.errors import SpeceeError
 from specee.runtime import LayerKVCache, LayerwiseLM
 
 MAPPINGS = ("independent", "merged")
+EXIT_RULES = ("all_paths", "any_path")  # merged: every hyper-token through the walk's end fires, or one
 
 
 @dataclass
@@ -74,13 +75,13 @@ class TreeDecoder(LoopDecoder):
     name = "tree"
     multi_token = True
 
-    def __init__(self, rt: LayerwiseLM, draft, tree="small", predictors=None, schedule=None,
+    def __init__(self, rt: LayerwiseLM, draft, tree="small", *, bank=None, schedule=None,
                  mapping: str | None = None, k: int = 4, kv_policy: str = "holes", replay=None,
                  delta_from: str = "previous_layer", exit_rule: str = "all_paths"):
-        self.rt, self.draft, self.predictors, self.k = rt, draft, predictors, k
+        self.rt, self.draft, self.predictors, self.k = rt, draft, bank, k
         self.delta_from = delta_from  # where p_prev comes from (features.delta_probe_layers)
-        if exit_rule not in ("all_paths", "any_path"):
-            raise SpeceeError(f"tree exit rule {exit_rule!r} is unknown; valid: all_paths, any_path")
+        if exit_rule not in EXIT_RULES:
+            raise SpeceeError(f"tree exit rule {exit_rule!r} is unknown; valid: {', '.join(EXIT_RULES)}")
         self.exit_rule = exit_rule  # merged: all / one of the hyper-tokens through the walk's end
         # merged: an exit verification computes head rows only for nodes on fired hyper-tokens
         # (decides exactly as the whole tree's head; False computes every row, the reference)
@@ -92,7 +93,7 @@ class TreeDecoder(LoopDecoder):
         self.mapping = mapping or "merged"
         if self.mapping not in MAPPINGS:
             raise SpeceeError(f"mapping={mapping!r} is unknown; valid: {', '.join(MAPPINGS)}")
-        has = predictors.has.tolist() if predictors is not None else [False] * rt.num_layers
+        has = bank.has.tolist() if bank is not None else [False] * rt.num_layers
         self.can_exit = [bool(has[i]) and i < rt.num_layers - 1 for i in range(rt.num_layers)]
         tr = self.tree
         if self.mapping == "independent":

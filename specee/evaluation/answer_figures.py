@@ -48,7 +48,8 @@ def figures(samples: list[dict], metric: str, metadata: dict, mode: str) -> dict
               for s in samples]
     n_parsed, n_correct = sum(parsed), sum(correct)
     kinds = metadata.get("paper_denominator") or {}
-    which = kinds.get("dense" if mode == "dense" else "speculative", "all")
+    from specee.decoding import modes
+    which = kinds.get("dense" if modes.spec(mode).reference else "speculative", "all")
     if which not in ("all", "parsed"):
         raise SpeceeError(f"metadata.paper_denominator={kinds} must map dense/speculative to all or parsed")
     acc_parsed = n_correct / n_parsed if n_parsed else None
