@@ -7,6 +7,7 @@ from __future__ import annotations
 from specee.errors import SpeceeError
 from specee.io import PROJECT_ROOT, project_path
 from specee.report import build_report
+from specee.results import read_sweep
 from specee.table import load_results
 
 
@@ -14,11 +15,20 @@ def run(cfg):
     if not cfg.sweep:
         raise SpeceeError("experiment=report needs sweep=DIR (a folder of jobs with results.json)")
     root = project_path(cfg.sweep)
-    docs = [d for _, d in load_results(root)]
+    if not root.is_dir():
+        load_results(root)  # its one line for a sweep folder that is not there
+    whole, broken = read_sweep(root)  # a broken results.json is listed, the whole ones still reported
+    docs = [d for _, d in whole]
+    for path, why in broken:
+        print(f"  skipped {path}: {why}")
     if not docs:
         raise SpeceeError(f"no results.json under {root}; run the sweep first")
     out = project_path(cfg.experiment.out_dir) if cfg.experiment.out_dir else PROJECT_ROOT / "reports" / root.name
-    info = build_report(docs, out, str(cfg.sweep))
+    source = str(cfg.sweep)
+    if broken:  # the report itself says what it left out, not only this job's log
+        names = [str(p.relative_to(root)) for p, _ in broken]
+        source += f" ({len(broken)} broken results.json skipped: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+    info = build_report(docs, out, source)
     print(f"report: {info['pdf']} ({len(info['pages'])} pages: {', '.join(info['pages'])})")
     for title, why in info["skipped"]:
         print(f"  skipped {title}: {why}")

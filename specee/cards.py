@@ -18,7 +18,7 @@ def read_json(path: str | Path, fix: str) -> Any:
     if not path.is_file():
         raise SpeceeError(f"missing {path}; {fix}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is UTF-8 too (editors write it)
     except (OSError, UnicodeDecodeError) as err:
         raise SpeceeError(f"{path} is corrupt (unreadable: {type(err).__name__}); {fix}") from None
     if not text.strip():
@@ -49,6 +49,8 @@ def read_card(path: str | Path, fix: str, keys: dict[str, Any] | None = None, wh
         if key not in doc:
             raise SpeceeError(f"{path} is not a {what}: it lacks the key {key!r}; {fix}")
         kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(doc[key], float) and not math.isfinite(doc[key]):
+            raise SpeceeError(f"{path} is not a {what}: {key!r} holds {doc[key]}, not a finite number; {fix}")
         if kind is not None and not any(_kind_ok(doc[key], k) for k in kinds):
             raise SpeceeError(f"{path} is not a {what}: {key!r} holds {str(doc[key])[:40]!r}, not a "
                               f"{' or '.join(k.__name__ for k in kinds)}; {fix}")

@@ -98,7 +98,7 @@ class Corpus:
 
 def tinystories_train(root) -> Corpus:
     path = data_file(root, TINYSTORIES_TRAIN)
-    text = "\n".join(fix_mojibake(l) for l in path.read_text(encoding="utf-8").splitlines())
+    text = "\n".join(fix_mojibake(l) for l in path.read_text(encoding="utf-8-sig").splitlines())
     # Story boundaries are not marked in this slice; paragraphs are the safest unit.
     docs = [d.strip() for d in re.split(r"\n(?=[A-Z])", text) if d.strip()]
     return Corpus("tinystories", docs, {TINYSTORIES_TRAIN: sha256(path)})
@@ -106,7 +106,7 @@ def tinystories_train(root) -> Corpus:
 
 def tinystories_valid(root) -> Corpus:
     path = data_file(root, TINYSTORIES_VALID)
-    raw = path.read_text(encoding="utf-8")
+    raw = path.read_text(encoding="utf-8-sig")
     docs = [fix_mojibake(s).strip() for s in raw.split(EOT)]
     return Corpus("tinystories_valid", [d for d in docs if d], {TINYSTORIES_VALID: sha256(path)})
 
@@ -121,7 +121,7 @@ def children_books(root) -> Corpus:
                           f"folder holding {BOOKS_DIR}/")
     docs, shas = [], {}
     for f in files:
-        docs.append(unwrap_paragraphs(f.read_text(encoding="utf-8")))
+        docs.append(unwrap_paragraphs(f.read_text(encoding="utf-8-sig")))
         shas[f"{BOOKS_DIR}/{f.name}"] = sha256(f)
     return Corpus("children_books_pg", docs, shas)
 
@@ -145,7 +145,7 @@ def iter_jsonl(path: Path):
     with f:
         for line_no, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM is UTF-8 too
             except UnicodeDecodeError as err:
                 raise SpeceeError(f"{path}:{line_no}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
                                   f"{err.start + 1}); save the file as UTF-8 JSONL") from None
@@ -210,7 +210,7 @@ def instruction_pairs(root, sources: list[str] | None = None) -> tuple[list[tupl
             raise SpeceeError(f"unknown instruction source {name!r}; valid: {sorted(INSTRUCTION_FILES)}")
         path = data_file(root, INSTRUCTION_FILES[name])
         shas[INSTRUCTION_FILES[name]] = sha256(path)
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
         rows = [json.loads(l) for l in text.splitlines() if l.strip()] if path.suffix == ".jsonl" \
             else json.loads(text)
         for r in rows:
@@ -225,7 +225,7 @@ def instruction_pairs(root, sources: list[str] | None = None) -> tuple[list[tupl
 def story_openings(root, count: int, words: int = 12) -> tuple[list[Prompt], dict]:
     """Openings of held-out TinyStories (the continuation slice, never used for training)."""
     path = data_file(root, TINYSTORIES_CONTINUATION)
-    paras = [fix_mojibake(p).strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8"))]
+    paras = [fix_mojibake(p).strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8-sig"))]
     starts = [p for p in paras if len(p.split()) > 2 * words][:count]
     prompts = [Prompt(f"story{i}", "tinystories", [" ".join(p.split()[:words])]) for i, p in enumerate(starts)]
     return prompts, {TINYSTORIES_CONTINUATION: sha256(path)}

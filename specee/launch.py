@@ -40,7 +40,12 @@ def tee_output_to_run_log() -> None:
     except ValueError:  # not under hydra.main (a library call)
         return
     out.mkdir(parents=True, exist_ok=True)
-    log = open(out / "run.log", "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives for the process
+    from specee.io import RunLog
+    try:
+        log = RunLog(out / "run.log")  # stops, said once, when its disk fills: the terminal keeps the output
+    except OSError as err:  # a full or read-only disk: claim_run_dir refuses the folder in one line
+        print(f"specee: no run.log in {out} ({err.strerror or err})", file=sys.stderr)
+        return
     sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)
 
 
@@ -60,6 +65,8 @@ def claim_run_dir(cfg) -> None:
         out = Path(HydraConfig.get().runtime.output_dir)
     except ValueError:
         return
+    from specee.io import check_output_dir
+    check_output_dir(out)  # writable with room, before any work (the disk may have filled since the command line)
     out.mkdir(parents=True, exist_ok=True)
     lock = open(out / ".specee.lock", "a+")  # noqa: SIM115 - held until exit
     try:
@@ -257,6 +264,9 @@ def check_command_line(argv) -> None:
                     compose_and_check(job)
                 except SpeceeError as err:
                     raise SpeceeError(f"sweep job [{' '.join(job)}]: {err}") from None
+        if set(flags) <= {"-m", "--multirun"}:  # where results go, before Hydra makes the folder
+            from specee.io import check_output_of_command
+            check_output_of_command(argv)
     except SpeceeError as err:
         print(f"specee: error: {one_line(err)}", file=sys.stderr)
         sys.exit(2)

@@ -53,6 +53,8 @@ def _checkpoint_shape(folder, model_cfg) -> Shape:
             read_json(f, fix)
     conf = read_card(folder / "config.json", fix, {"num_hidden_layers": int, "hidden_size": int, "vocab_size": int},
                      "Hugging Face model config")
+    from specee.artifact_checks import check_model_shape  # 0 layers/heads would divide by zero in the build
+    check_model_shape(conf, folder / "config.json", "fix its config.json (or copy the checkpoint folder again)")
     for f in sorted(folder.glob("*.safetensors")):
         safetensors_shapes(f, fix)
     if not any((folder / t).is_file() for t in ("tokenizer.json", "tokenizer.model", "vocab.json")):

@@ -30,14 +30,51 @@ def output_dir() -> Path:
 
 
 def finished(out: Path) -> dict | None:
-    """A previous complete result in ``out``, if any (results are written atomically)."""
+    """A previous complete result in ``out``, if any (results are written atomically).
+
+    A results.json that is there but not whole (empty, cut, not UTF-8, not a specee result) is
+    refused in one line, never rerun over: results are written atomically, so such a file is not
+    this harness's half-write but a damaged disk or a hand edit, and what it held may be someone's
+    only copy. The rest of a sweep still runs; the sweep ends listing the refused job."""
     path = out / RESULTS
     if not path.is_file():
         return None
+    return read_results(path, "delete it (or move it aside) or rerun that job with force=true")
+
+
+def read_results(path: Path, fix: str) -> dict:
+    """One results.json, whole and holding the results contract; else SpeceeError saying what is
+    wrong with it and ``fix``."""
     try:
-        return json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpeceeError(f"{path} is corrupt (unreadable: {type(err).__name__}); {fix}") from None
+    if not text.strip():
+        raise SpeceeError(f"{path} is corrupt (empty file); {fix}")
+    try:
+        doc = json.loads(text)
     except json.JSONDecodeError as err:
-        raise SpeceeError(f"{path} is corrupt ({err}); delete it or rerun with force=true") from err
+        cut = " (truncated)" if err.pos >= len(text.rstrip()) else ""
+        raise SpeceeError(f"{path} is corrupt{cut}: not valid JSON ({err.msg}, line {err.lineno}); {fix}") from None
+    from specee.table import check_results  # the contract's one definition (table imports this module)
+    check_results(path, doc)
+    return doc
+
+
+def read_sweep(root: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, str]]]:
+    """For a report over a sweep: every whole results.json under ``root``, and each one skipped with
+    its reason (an empty or corrupt file among many must not hide the rest). Nothing whole but
+    something broken is refused, naming the first broken file."""
+    whole, skipped = [], []
+    for path in sorted(Path(root).rglob(RESULTS)):
+        try:
+            whole.append((path, read_results(path, "rerun that job with force=true")))
+        except SpeceeError as err:
+            skipped.append((path, str(err)))
+    if skipped and not whole:
+        raise SpeceeError(f"no whole results.json under {root}: {skipped[0][1]}"
+                          + (f" (and {len(skipped) - 1} more broken)" if len(skipped) > 1 else ""))
+    return whole, skipped
 
 
 def synthetic_inputs(cfg) -> dict:

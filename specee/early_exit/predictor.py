@@ -235,6 +235,8 @@ class PredictorBank(nn.Module):
             state = load_file(str(folder / WEIGHTS))
         except (SafetensorError, OSError, ValueError) as err:
             raise SpeceeError(f"{folder / WEIGHTS} is corrupt ({err}); retrain the predictors") from err
+        from specee.artifact_checks import check_finite  # NaN weights never fire: a silent non-result
+        check_finite(state, folder / WEIGHTS, "retrain the predictors (experiment=train_predictors)")
         try:
             bank = cls(num_layers, k, state["w1"].shape[-1], threshold)
             state["has"] = state["has"].bool()

@@ -79,13 +79,14 @@ def check_user_tasks(names, include_path: Path) -> None:
     wanted = set(names)
     for yml in sorted(include_path.rglob("*.yaml")):
         try:
-            cfg = yaml.load(yml.read_text(encoding="utf-8"), Loader=_Lenient)
+            cfg = yaml.load(yml.read_text(encoding="utf-8-sig"), Loader=_Lenient)  # a BOM is UTF-8 too
         except (UnicodeDecodeError, yaml.YAMLError, OSError):
             continue  # lm-eval reports it as a task it cannot find
         if isinstance(cfg, dict) and "task" in cfg and not isinstance(cfg["task"], str):
             raise SpeceeError(f"task YAML {yml}: `task` must be one name, not {cfg['task']!r}")
         if not isinstance(cfg, dict) or cfg.get("task") not in wanted:
             continue
+        check_task_fields(yml, cfg)
         files = (cfg.get("dataset_kwargs") or {}).get("data_files")
         if cfg.get("dataset_path") not in ("json", "jsonl") or not files:
             continue
@@ -101,6 +102,45 @@ def check_user_tasks(names, include_path: Path) -> None:
             bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None)
             if bad is not None:
                 raise SpeceeError(f"{what}: row {bad} is not a JSON object (one object per line)")
+
+
+# Top-level keys lm-eval reads from a task YAML besides its TaskConfig fields.
+_TASK_KEYS_EXTRA = ("include", "class", "group", "task_list")
+
+
+def task_fields() -> set[str]:
+    import dataclasses
+    from lm_eval.api.task import TaskConfig
+    return {f.name for f in dataclasses.fields(TaskConfig)} | set(_TASK_KEYS_EXTRA)
+
+
+def check_task_fields(yml: Path, cfg: dict, _seen: tuple = ()) -> None:
+    """Every top-level key of a task YAML (and of the YAMLs it includes) is a field lm-eval knows:
+    an unknown or misspelled one (or a YAML anchor's holder key, which lm-eval passes on as a field)
+    would end in a TypeError traceback from TaskConfig. A task with its own ``class`` takes any."""
+    import difflib
+    if "class" in cfg:
+        return
+    known = task_fields()
+    unknown = [k for k in cfg if str(k) not in known]
+    if unknown:
+        names = [str(k) for k in unknown]
+        hints = [f"{k!r} -> {near[0]!r}" for k in names if (near := difflib.get_close_matches(k, sorted(known), n=1))]
+        raise SpeceeError(f"task YAML {yml}: unknown field{'s' if len(names) > 1 else ''} "
+                          f"{', '.join(repr(k) for k in names[:6])}{' ...' if len(names) > 6 else ''}; "
+                          + (f"did you mean {', '.join(hints[:3])}? " if hints else "")
+                          + "remove or rename them (a YAML anchor belongs under a field lm-eval reads, e.g. "
+                          "metadata); the fields are lm-eval's TaskConfig's")
+    inc = cfg.get("include")
+    if isinstance(inc, str):
+        path = Path(inc) if Path(inc).is_absolute() else yml.parent / inc
+        if path.is_file() and path not in _seen:
+            try:
+                base = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_Lenient)
+            except (UnicodeDecodeError, yaml.YAMLError, OSError):
+                return  # lm-eval reports an unreadable include itself
+            if isinstance(base, dict):
+                check_task_fields(path, base, (*_seen, yml))
 
 
 class _Lenient(yaml.SafeLoader):

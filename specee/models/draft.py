@@ -146,6 +146,8 @@ def load_draft(path: str | Path, rt: LayerwiseLM, vocab_size: int = 0) -> tuple[
     card = check_draft(folder, rt.num_layers, rt.config.hidden_size)
     head = DraftHead(rt.config).attach(rt)
     state = _read_weights(folder / WEIGHTS) if card.get("format") != "eagle-1" else _eagle_state(folder)
+    from specee.artifact_checks import check_finite
+    check_finite(state, folder / WEIGHTS if card.get("format") != "eagle-1" else folder, _FIX)
     own = head.state_dict()
     missing = [k for k in own if k not in state]
     wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
@@ -181,7 +183,8 @@ def _eagle_state(folder: Path) -> dict:
         for f in files:
             raw.update(_read_weights(f))
     elif (folder / "pytorch_model.bin").is_file():
-        raw = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        from specee.artifact_checks import safe_torch_load
+        raw = safe_torch_load(folder / "pytorch_model.bin", _FIX)
     else:
         raise SpeceeError(f"{folder} holds neither {CARD} (specee draft) nor EAGLE weights "
                           "(pytorch_model.bin / *.safetensors)")

@@ -73,16 +73,56 @@ def load_model(model_cfg):
                   use_kernels=False)
     if device == "auto":
         kwargs["device_map"] = "auto"
+    if Path(src).is_dir():  # a degenerate shape fails inside the build with a ZeroDivisionError
+        check_config_shape(Path(src) / "config.json")
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
     except Exception as err:  # noqa: BLE001 - safetensors, tokenizers and HF raise many types
+        _refused_pickle(err, src)
         raise SpeceeError(f"could not load the checkpoint at model.path={src} ({type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}); is the folder complete and "
                           "uncorrupted?") from None
     if device != "auto":
         model = model.to(device)
-    return model.eval(), tokenizer
+    return model.eval(), _without_bom(tokenizer)
+
+
+_MODEL_FIX = "fix the checkpoint's config.json (or copy the checkpoint folder again)"
+
+
+def check_config_shape(path: Path) -> None:
+    """Refuse a config.json whose shape cannot make a model, before anything is built."""
+    from specee.artifact_checks import check_model_shape
+    from specee.cards import read_json
+    conf = read_json(path, _MODEL_FIX)
+    if isinstance(conf, dict):
+        check_model_shape(conf, path, _MODEL_FIX)
+
+
+def _refused_pickle(err: Exception, src) -> None:
+    """A pytorch_model*.bin that torch's weights-only unpickler refuses (transformers loads it with
+    weights_only=True) is one line saying so; it is never retried unsafely."""
+    import pickle
+    from specee.artifact_checks import _first_reason
+    chain, e = [], err
+    while e is not None and len(chain) < 8:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if any(isinstance(e, pickle.UnpicklingError) or "Weights only load failed" in str(e) for e in chain):
+        found = next(e for e in chain if isinstance(e, pickle.UnpicklingError) or "Weights only load failed" in str(e))
+        raise SpeceeError(f"a weights file at model.path={src}: torch refused to unpickle it safely "
+                          f"({_first_reason(found)}); it was not loaded, and is never loaded unsafely. Convert a "
+                          "trusted copy to safetensors, or get the checkpoint from its source again") from None
+
+
+def _without_bom(tokenizer):
+    """A chat template saved with a UTF-8 byte-order mark (what several editors write) would put an
+    invisible U+FEFF before every prompt; it is text, read as UTF-8 without the mark."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and template.startswith("\ufeff"):
+        tokenizer.chat_template = template.lstrip("\ufeff")
+    return tokenizer
 
 
 def load_tokenizer(model_cfg):
@@ -91,7 +131,7 @@ def load_tokenizer(model_cfg):
         return AutoTokenizer.from_pretrained(project_path(RANDOM_INIT_TOKENIZER))
     src = checkpoint_dir(model_cfg)
     try:
-        return AutoTokenizer.from_pretrained(src, local_files_only=not model_cfg.allow_hub)
+        return _without_bom(AutoTokenizer.from_pretrained(src, local_files_only=not model_cfg.allow_hub))
     except Exception as err:  # noqa: BLE001 - tokenizers and HF raise many types
         raise SpeceeError(f"could not load the tokenizer at model.path={src} ({type(err).__name__}); is the "
                           "folder complete and uncorrupted?") from None
@@ -130,7 +170,8 @@ def shape_config(model_cfg):
             raise SpeceeError(f"model.init=random: no shipped shape for model={model_cfg.name}; shapes: "
                               f"{', '.join(sorted(p.stem for p in SHAPES.glob('*.json')))} (or give model.path "
                               "of a folder with its config.json)")
-    values = {k: v for k, v in json.loads(src.read_text()).items() if not k.startswith("_")}
+    check_config_shape(src)
+    values = {k: v for k, v in json.loads(src.read_text(encoding="utf-8-sig")).items() if not k.startswith("_")}
     config = AutoConfig.for_model(**values)
     if model_cfg.num_layers is not None:
         if not 1 <= model_cfg.num_layers <= config.num_hidden_layers:
