@@ -175,6 +175,14 @@ def test_every_relative_link_and_image_exists():
                 continue
             target = (path.parent / link.split("#")[0]).resolve()
             assert target.exists(), f"{path.relative_to(ROOT)} links {link}, which does not exist"
+            if "#" in link and target.suffix == ".md":
+                assert link.split("#")[1] in _anchors(target), f"{path.relative_to(ROOT)} links {link}: no such heading"
+
+
+def _anchors(path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    heads = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
 
 
 # -- the metrics catalog against a real speed result ----------------------------------------------
