@@ -7,7 +7,7 @@ import torch
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
-from specee.config import check_choices, validate
+from specee.config import check_choices, recipe, validate
 from specee.data import data_root
 from specee.io import project_path
 from specee.errors import SpeceeError
@@ -49,9 +49,6 @@ def tee_output_to_run_log() -> None:
     sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)
 
 
-# Recipes that reuse a finished run in their folder (skip-if-done, for sweeps); every other recipe
-# refuses a folder that already holds a result unless force=true.
-_REUSES_FINISHED = ("experiments.speed.run", "experiments.stats.run", "experiments.accuracy.run")
 _LOCK = None  # held for the life of the process
 
 
@@ -75,7 +72,9 @@ def claim_run_dir(cfg) -> None:
         raise SpeceeError(f"run folder {out} is in use by another specee process; wait for it or choose "
                           "another hydra.run.dir") from None
     _LOCK = lock
-    if (out / "results.json").is_file() and not cfg.force and cfg.experiment._target_ not in _REUSES_FINISHED:
+    # A recipe that reuses a finished run (skip-if-done, for sweeps) says so in its facts; every other
+    # recipe refuses a folder that already holds a result unless force=true.
+    if (out / "results.json").is_file() and not cfg.force and not recipe(cfg).reuses_finished:
         raise SpeceeError(f"run folder {out} already holds a finished run (results.json); choose another "
                           "hydra.run.dir or pass force=true to replace it")
 
@@ -187,7 +186,7 @@ def explain(err, overrides=()) -> str:
     if m and isinstance(cause, OmegaConfBaseException):
         key = cause.full_key or m.group(1).lstrip("+~").split("=")[0]
         why = (cause.msg or str(cause)).strip().splitlines()[0]
-        return f"{m.group(1)}: {why} (the value does not fit {key}'s declared type; see conf/ or specee/config.py)"
+        return f"{m.group(1)}: {why} (the value does not fit {key}'s declared type; see conf/ or specee/config/schemas.py)"
     if isinstance(err, OmegaConfBaseException):
         key = err.full_key or "the config"
         return f"{key}: {one_line((err.msg or first).strip().splitlines()[0])}"

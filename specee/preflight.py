@@ -9,12 +9,11 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from specee.config import recipe, recipe_name
 from specee.cards import read_card, read_json, safetensors_shapes
 from specee.errors import SpeceeError
 from specee.io import project_path
 
-# Recipes that load the configured model; which artifacts each reads is decided below.
-_LOADS_MODEL = ("speed", "accuracy", "stats", "train_predictors", "profile_exits", "train_draft", "draft_vocab")
 
 
 @dataclass
@@ -64,23 +63,18 @@ def _checkpoint_shape(folder, model_cfg) -> Shape:
                  pos if isinstance(pos, int) and not isinstance(pos, bool) else None)
 
 
-def _context(cfg, recipe: str, shape: Shape) -> None:
+def _context(cfg, shape: Shape) -> None:
     """Generation and scoring budgets against the model's positions (a prompt keeps at least one
     token: longer prompts are cut from the left, a budget that fills the context cannot be)."""
     if not shape.positions:
         return
-    budgets = {"speed": [("dataset.max_new_tokens", cfg.dataset.max_new_tokens)],
-               "stats": [("dataset.max_new_tokens", cfg.dataset.max_new_tokens)],
-               "accuracy": [("experiment.max_gen_tokens", cfg.experiment.get("max_gen_tokens"))],
-               "train_predictors": [("experiment.calibration.max_new_tokens",
-                                     OmegaConf.select(cfg, "experiment.calibration.max_new_tokens"))],
-               "profile_exits": [("experiment.calibration.max_new_tokens",
-                                  OmegaConf.select(cfg, "experiment.calibration.max_new_tokens"))]}
-    for key, n in budgets.get(recipe, []):
+    for key in recipe(cfg).context_budgets:
+        n = OmegaConf.select(cfg, key)
         if n is not None and n >= shape.positions:
             raise SpeceeError(f"{key}={n} leaves no room for a prompt in model={cfg.model.name}'s "
                               f"{shape.positions} positions; use at most {shape.positions - 1}")
-    if recipe == "accuracy" and (n := cfg.experiment.get("max_length")) is not None and n > shape.positions:
+    if "max_length" in cfg.experiment and (n := cfg.experiment.get("max_length")) is not None \
+            and n > shape.positions:
         raise SpeceeError(f"experiment.max_length={n} exceeds model={cfg.model.name}'s {shape.positions} "
                           f"positions; use at most {shape.positions} (or null)")
 
@@ -97,21 +91,22 @@ def _same_base(cards: dict[str, dict]) -> None:
 
 
 def preflight(cfg) -> None:
-    """Raise SpeceeError on the first input file this run would fail on; read nothing it won't."""
-    target = str(cfg.experiment._target_)
-    recipe = target.split(".")[1] if target.count(".") >= 2 else ""
-    if recipe not in _LOADS_MODEL:
+    """Raise SpeceeError on the first input file this run would fail on; read nothing it won't.
+    What is read follows from the recipe's facts and the mode's spec."""
+    from specee.decoding import modes
+    facts = recipe(cfg)
+    if not facts.loads_model:
         return
     shape = model_shape(cfg.model)
-    if recipe == "accuracy":
+    if recipe_name(cfg) == "accuracy":
         _baseline(cfg)
     if shape is None:
         return
-    _context(cfg, recipe, shape)
-    mode, ee, random_init = cfg.ablation.mode, cfg.early_exit, cfg.model.init == "random"
-    decodes = recipe in ("speed", "accuracy")
-    uses_draft = (decodes and mode in ("specee", "eagle")) or recipe in ("train_predictors", "profile_exits", "stats")
-    uses_bank = (decodes and mode == "specee") or recipe in ("profile_exits", "stats")
+    _context(cfg, shape)
+    spec, ee, random_init = modes.of(cfg.ablation), cfg.early_exit, cfg.model.init == "random"
+    uses_draft = (facts.decodes and spec.needs_draft) or facts.needs_draft
+    uses_bank = (facts.decodes and spec.needs_bank) or facts.needs_bank
+    uses_svm = facts.decodes and spec.needs_adainfer
     if uses_draft and (ee.k > shape.vocab_size):
         raise SpeceeError(f"early_exit.k={ee.k} exceeds the vocabulary of model={cfg.model.name} "
                           f"({shape.vocab_size} tokens); use a smaller top-K")
@@ -119,8 +114,9 @@ def preflight(cfg) -> None:
         raise SpeceeError(f"draft.vocab_size={cfg.draft.vocab_size} exceeds the vocabulary of model={cfg.model.name} "
                           f"({shape.vocab_size} tokens); use a smaller N, or 0 for the full vocabulary")
     cards = {}
+    schedules = uses_bank
     if random_init:  # random stand-ins replace the draft, predictors and SVM (their cost only)
-        uses_draft = uses_bank = False
+        uses_draft = uses_bank = uses_svm = False
     if uses_draft and cfg.draft.name != "none" and cfg.draft.path:
         from specee.models.draft import check_draft
         cards["draft head"] = (check_draft(project_path(cfg.draft.path), shape.num_layers, shape.hidden_size),
@@ -133,21 +129,21 @@ def preflight(cfg) -> None:
         cards["predictors"] = (PredictorBank.check(project_path(ee.predictors_path), shape.num_layers, ee.k,
                                                    ee.calibration),
                                ee.predictors_path)
-    if decodes and mode == "adainfer" and not random_init:
+    if uses_svm:
         from specee.decoding.adainfer import AdaInferSVM
         cards["AdaInfer classifier"] = (AdaInferSVM.load(project_path(ee.adainfer_path)).card, ee.adainfer_path)
     _same_base(cards)
-    if (decodes and mode == "specee") or recipe == "stats":
-        _profiles(cfg, recipe, shape.num_layers)
+    if schedules:
+        _profiles(cfg, shape.num_layers)
         from specee.early_exit.replay import load_replay
         load_replay(ee.replay, shape.num_layers, cfg.seed)
 
 
-def _profiles(cfg, recipe: str, num_layers: int) -> None:
+def _profiles(cfg, num_layers: int) -> None:
     from specee.early_exit.schedule import load_profile
     from specee.io import PROJECT_ROOT
     offline = bool(cfg.placement.offline)
-    if recipe == "stats":  # every placement the statistics compare
+    if "placements" in cfg.experiment:  # every placement the statistics compare
         for name in cfg.experiment.placements:
             preset = PROJECT_ROOT / "conf" / "placement" / f"{name}.yaml"
             offline |= preset.is_file() and bool(OmegaConf.load(preset).get("offline"))

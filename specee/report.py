@@ -32,6 +32,7 @@ class Skip(Exception):
     """A figure whose inputs are not in the results."""
 
 
+from specee.decoding import modes  # noqa: E402
 from specee.verdicts import kind as _kind  # noqa: E402  (which experiment wrote a result)
 
 
@@ -62,16 +63,17 @@ def _by_kind(docs, kind):
 def _name(doc) -> str:
     name = doc["config"]["ablation"]["name"]
     ee = doc["config"].get("early_exit", {})
-    if doc["config"]["ablation"]["mode"] != "dense" and ee.get("kv_policy", "holes") != "holes":
-        name += f" ({ee['kv_policy']})"
-    if doc["config"]["ablation"]["mode"] == "specee" and ee.get("delta_from", "previous_layer") != "previous_layer":
-        name += f" (Δ {ee['delta_from']})"
     a = doc["config"]["ablation"]
-    if a.get("decoding") == "tree" and a["mode"] == "specee" and a.get("mapping") != "merged":
+    spec = modes.of(a)
+    if not spec.reference and ee.get("kv_policy", "holes") != "holes":
+        name += f" ({ee['kv_policy']})"
+    if spec.needs_bank and ee.get("delta_from", "previous_layer") != "previous_layer":
+        name += f" (Δ {ee['delta_from']})"
+    if spec.is_tree(a) and spec.needs_bank and a.get("mapping") != "merged":
         name += f" ({a['mapping']})"
     if (doc["config"].get("draft") or {}).get("vocab_size"):
         name += f" (draft vocab {doc['config']['draft']['vocab_size']})"
-    if a.get("tree_select") == "auto" and (a["mode"] == "eagle" or a.get("decoding") == "tree"):
+    if a.get("tree_select") == "auto" and spec.is_tree(a):
         name += " (tree by cost)"
     if _runtime(doc) != "eager":
         name += f" ({_runtime(doc)})"
@@ -587,7 +589,7 @@ def fig_exit_vs_oracle(docs):
                f"{g['share_earlier']:.3f} | {f(m.get('fire_precision'))} | {f(refuted)} | {cost} | "
                f"{m['match_rate_vs_dense']:.3f} |\n")
         ee = d["config"].get("early_exit") or {}
-        if d["config"]["ablation"]["mode"] == "specee" and ee.get("predictors_path"):
+        if modes.of(d["config"]["ablation"]).needs_bank and ee.get("predictors_path"):
             card = project_path(ee["predictors_path"]) / "predictors_card.json"
             if card.is_file():
                 cards.setdefault(ee["predictors_path"], json.loads(card.read_text()))

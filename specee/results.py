@@ -85,15 +85,11 @@ def synthetic_inputs(cfg) -> dict:
         out["weights"] = (f"random (model.init=random, shape from {shape}"
                           + (f", cut to {cfg.model.num_layers} layers" if cfg.model.num_layers else "") + ")")
         out["tokenizer"] = "tiny's tokenizer (prompt ids are a subset of the model's vocabulary)"
-        mode = cfg.ablation.mode
-        if mode in ("specee", "eagle"):
-            out["draft"] = "random weights of the draft head's shape"
-            if cfg.draft.get("vocab_size"):
-                out["draft_vocab"] = f"the first {cfg.draft.vocab_size} token ids (no frequency table for random weights)"
-        if mode == "specee":
-            out["predictors"] = "random weights of the predictors' shape"
-        if mode == "adainfer":
-            out["adainfer_svm"] = "fixed stand-in coefficients"
+        from specee.decoding import modes
+        spec = modes.of(cfg.ablation)
+        out.update(spec.synthetic)
+        if spec.needs_draft and cfg.draft.get("vocab_size"):
+            out["draft_vocab"] = f"the first {cfg.draft.vocab_size} token ids (no frequency table for random weights)"
     replay = cfg.early_exit.get("replay")
     if replay:
         out["exits"] = f"replayed from {replay} (predictors and verification run, their outputs ignored)"

@@ -155,9 +155,10 @@ def micro(tmp_path_factory, train_data_root):
 
 # -- test tiers ---------------------------------------------------------------------------------
 # `pytest -q` runs the fast tier: every unit and contract test, a sample of the generated bad-input
-# matrices and one end-to-end run per experiment kind on tiny. Tests marked `slow` (the rest of the
-# exhaustive matrices, real-model parity, long end-to-end runs) run with `pytest -q --full`
-# (or SPECEE_FULL_TESTS=1); `pytest -q -m slow --full` runs the slow tier alone. CI runs both.
+# matrices and one end-to-end run per experiment kind on tiny. The slow tier (the rest of the
+# matrices, real-model parity, long end-to-end runs) is marked `@pytest.mark.slow` on the tests
+# themselves (a param, a function or a module's pytestmark), so renaming a test keeps its tier; it
+# runs with `pytest -q --full` (or SPECEE_FULL_TESTS=1), alone with `pytest -q -m slow --full`.
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
                      help="also run the slow tier (tests marked slow): the whole suite")
@@ -169,34 +170,8 @@ MATRIX_SAMPLE = {"test_bad_input_config.py": 8, "test_bad_input_artifacts.py": 6
                  "test_bad_input_user_files.py": 4, "test_bad_input.py": 3}
 
 
-# Whole tests in the slow tier (a node id, or its prefix before the parameters): real-model parity,
-# long end-to-end runs, and variants of a path the fast tier already runs once.
-SLOW_TESTS = (
-    "tests/test_smollm2.py::",  # the real-model parity tests (SmolLM2-135M)
-    "tests/test_accuracy.py::test_exact_drift_gate_flags_a_small_behaviour_change",
-    "tests/test_accuracy.py::test_chat_template_on_a_tokenizer_without_one_is_one_clear_error",
-    "tests/test_pipeline.py::test_sweep_collect_and_report",
-    "tests/test_pipeline.py::test_submitit_local_launcher_runs_the_same_path",
-    *(f"tests/test_pipeline.py::test_speed_run_writes_a_self_describing_result[{a}]"
-      for a in ("specee_t1", "specee_full", "eagle", "adainfer")),  # dense and T1+T2 stay
-    *(f"tests/test_compiled.py::test_compiled_layer_step_matches_the_model_layer[{a}]"
-      for a in ("llama", "qwen2")),  # mistral stays (34 s for qwen2 on a 2-core machine)
-    "tests/test_compiled.py::test_speed_run_on_the_compiled_runtime_reports_eager_beside_it",
-    "tests/test_user_data.py::test_hf_dataset_folder",
-    "tests/test_user_data.py::test_jsonl_prompts_with_categories_and_turns",
-    "tests/test_user_data.py::test_own_task_yaml_through_include_path",  # test_paper_protocol runs one
-    "tests/test_user_data.py::test_own_checkpoint_through_a_model_config",  # test_potential loads a Qwen2
-    *(f"tests/test_user_data.py::test_bad_jsonl_rows_name_their_line[rows{i}" for i in (1, 2, 3)),
-    "tests/test_replay.py::test_random_init_real_shape_with_cut_layers",
-    "tests/test_train_base.py::test_a_later_stage_continues_an_earlier_run",
-    "tests/test_train_base.py::test_interrupted_training_resumes_bit_for_bit",
-    "tests/test_pld.py::test_pld_speed_run_writes_its_figures",  # hf_pld's speed run stays (same peer path)
-    *(f"tests/test_peers.py::test_peer_speed_runs_write_their_figures[{a}]" for a in ("hf_self_spec", "specee_pld")),
-)
-
-
 def _in_slow_tier(item) -> bool:
-    if item.get_closest_marker("slow") is not None or item.nodeid.startswith(SLOW_TESTS):
+    if item.get_closest_marker("slow") is not None:  # marked on the test itself (or its module)
         return True
     every = MATRIX_SAMPLE.get(item.path.name)
     if every and getattr(item, "callspec", None) is not None:

@@ -212,6 +212,7 @@ def test_drift_check_passes_identical_and_fails_doctored_baseline(micro, tmp_pat
         drift.check(base, "dense", {**doc["settings"], "limit": 7}, doc["metrics"]["accuracy"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["early_exit.kv_policy=propagate"])
 def test_exact_drift_gate_flags_a_small_behaviour_change(micro, tmp_path, change):  # noqa: F811
     """The per-item gate passes the unchanged mode and names the items a small change moved."""
@@ -255,6 +256,7 @@ def test_tiny_accuracy_matches_committed_baseline(ablation, tmp_path):
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
 
 
+@pytest.mark.slow
 def test_chat_template_on_a_tokenizer_without_one_is_one_clear_error(micro, tmp_path):  # noqa: F811
     _, paths = micro
     res = run_cli("experiment=accuracy", "ablation=dense", *paths, "experiment.tasks=[boolq_gen_flex]",

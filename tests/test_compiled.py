@@ -13,6 +13,7 @@ def _prefilled(rt, ids):
     return cache
 
 
+@pytest.mark.slow  # 34 s for qwen2 on a 2-core machine
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # GQA 4/2; qwen2 adds q/k/v biases
 def test_compiled_layer_step_matches_the_model_layer(arch):
     from specee.compiled import CompiledLM, StaticKVCache
@@ -128,6 +129,7 @@ def test_compiled_decoding_agrees_with_eager_on_tiny(tiny_runtimes, ablation):
     assert compiles_after_first == 0
 
 
+@pytest.mark.slow
 def test_speed_run_on_the_compiled_runtime_reports_eager_beside_it(tmp_path):
     res = run_cli("experiment=speed", "runtime=compiled", "ablation=specee_t1_t2", "dataset.count=1",
                   "dataset.categories=[writing,math,coding]", "dataset.max_new_tokens=12",

@@ -162,7 +162,8 @@ def test_bad_peer_settings_are_one_line(args, message, tmp_path):
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
 
 
-@pytest.mark.parametrize("ablation", ["hf_pld", "hf_self_spec", "specee_pld"])
+@pytest.mark.parametrize("ablation", ["hf_pld", *(pytest.param(a, marks=pytest.mark.slow) for a in (
+    "hf_self_spec", "specee_pld"))])  # hf_pld stays in the fast tier (the same peer path)
 def test_peer_speed_runs_write_their_figures(ablation, tmp_path):
     res = run_cli("experiment=speed", "model=tiny", f"ablation={ablation}", "dataset.count=1",
                   "dataset.categories=[summarization]", "dataset.max_new_tokens=12", "experiment.cost_rounds=3",

@@ -43,7 +43,8 @@ def test_exit_profile_and_statistics(micro, tmp_path):
         assert row["avg_layers_over_oracle"] > 0
 
 
-@pytest.mark.parametrize("ablation", ["dense", "specee_t1", "specee_t1_t2", "adainfer", "eagle", "specee_full"])
+@pytest.mark.parametrize("ablation", ["dense", "specee_t1_t2", *(pytest.param(a, marks=pytest.mark.slow) for a in (
+    "specee_t1", "adainfer", "eagle", "specee_full"))])  # dense and T1+T2 in the fast tier
 def test_speed_run_writes_a_self_describing_result(micro, ablation, tmp_path):
     root, paths = micro
     args = [f"ablation={ablation}", *paths, "dataset.categories=[writing,qa]", "dataset.max_new_tokens=12",
@@ -125,6 +126,7 @@ def _pdf_pages(path) -> int:
     return len(re.findall(rb"/Type\s*/Page[^s]", path.read_bytes()))
 
 
+@pytest.mark.slow
 def test_sweep_collect_and_report(micro, tmp_path):
     """A real two-job sweep (one process per job), rerun skips, then table + PDF from stored results."""
     _, paths = micro
@@ -162,6 +164,7 @@ def test_sweep_collect_and_report(micro, tmp_path):
     assert "× bandwidth floor" in md and "×) |" in md
 
 
+@pytest.mark.slow
 def test_submitit_local_launcher_runs_the_same_path(micro, tmp_path):
     _, paths = micro
     res = run_cli("-m", "hydra/launcher=local", "ablation=dense", *paths, "dataset.categories=[writing]",

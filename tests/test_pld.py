@@ -84,6 +84,7 @@ def test_bad_pld_config_is_one_line(override, message, tmp_path):
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_pld_speed_run_writes_its_figures(tmp_path):
     res = run_cli("experiment=speed", "model=tiny", "ablation=pld", "dataset.count=1", "dataset.categories=[summarization]",
                   "dataset.max_new_tokens=12", "experiment.repeats=1", "experiment.cost_rounds=3", "threads=1",

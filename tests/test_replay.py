@@ -93,6 +93,7 @@ def test_replay_on_tiny_from_its_exit_profile(tmp_path):
     assert "replayed from specee/artifacts/tiny_exit_profile" in doc["synthetic"]["exits"]
 
 
+@pytest.mark.slow
 def test_random_init_real_shape_with_cut_layers(tmp_path):
     res = run_cli("experiment=speed", "model=llama2_7b", "model.init=random", "model.device=cpu", "model.dtype=float32",
                   "model.num_layers=1", "ablation=specee_t1", "dataset.categories=[writing]", "dataset.max_new_tokens=3",

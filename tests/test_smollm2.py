@@ -16,6 +16,8 @@ from specee.models import fetch as fetch_mod
 from specee.prompts import format_conversation
 from specee.runtime import LayerwiseLM
 
+pytestmark = pytest.mark.slow  # real-model parity (SmolLM2-135M): the slow tier
+
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
 
 

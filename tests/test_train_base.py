@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from conftest import run_cli
 
 
@@ -30,6 +32,7 @@ def test_micro_training_recipe_lowers_loss_and_writes_a_loadable_artifact(tmp_pa
     assert not list(tmp_path.glob(".tiny_micro*")), "a temporary artifact folder was left behind"
 
 
+@pytest.mark.slow
 def test_interrupted_training_resumes_bit_for_bit(tmp_path, train_data_root):
     """A run stopped after its first step and resumed with the same command ends where an
     uninterrupted run ends: same loss at every step (weights, Adam state and both RNGs restored)."""
@@ -57,6 +60,7 @@ def test_interrupted_training_resumes_bit_for_bit(tmp_path, train_data_root):
     assert card["resumed_at_steps"] == [1] and card["steps"] == 12
 
 
+@pytest.mark.slow
 def test_a_later_stage_continues_an_earlier_run(tmp_path, train_data_root):
     """init_from starts a new schedule from an earlier run's checkpoint: its weights (the loss goes on
     from where that run ended, not from a fresh model's), tokenizer and token count; the card lists

@@ -79,6 +79,7 @@ def test_fresh_clone_runs_a_speed_and_an_accuracy_job(fresh_clone):
     assert (fresh_clone / "runs/acc_check/hf_datasets_cache").is_dir(), "datasets cache left the run dir"
 
 
+@pytest.mark.slow
 def test_jsonl_prompts_with_categories_and_turns(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_text(json.dumps({"conv": ["Write a poem.", "Now shorter."], "kind": "poetry", "uid": "a"}) + "\n\n"
@@ -94,9 +95,10 @@ def test_jsonl_prompts_with_categories_and_turns(tmp_path):
 
 @pytest.mark.parametrize("rows,message", [
     (['{"q": "fine"}', '{not json'], "mine.jsonl:2: not valid JSON"),
-    (['{"q": "fine"}', '{"x": 1}'], "mine.jsonl:2: no key 'q'"),
-    (['{"q": ""}'], "mine.jsonl:1: the prompt must be a non-empty string"),
-    (['[1, 2]'], "mine.jsonl:1: expected a JSON object"),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in [  # the first case stays in the fast tier
+        (['{"q": "fine"}', '{"x": 1}'], "mine.jsonl:2: no key 'q'"),
+        (['{"q": ""}'], "mine.jsonl:1: the prompt must be a non-empty string"),
+        (['[1, 2]'], "mine.jsonl:1: expected a JSON object")]),
 ])
 def test_bad_jsonl_rows_name_their_line(tmp_path, rows, message):
     f = tmp_path / "mine.jsonl"
@@ -114,6 +116,7 @@ def test_jsonl_needs_a_path_and_a_field(tmp_path):
     assert res.returncode == 2 and "dataset.field=KEY" in res.stderr
 
 
+@pytest.mark.slow
 def test_hf_dataset_folder(tmp_path):
     import datasets
     ds = datasets.Dataset.from_dict({"text": ["Once upon a time", "The cat sat"], "id": ["x", "y"]})
@@ -130,6 +133,7 @@ def test_hf_dataset_folder(tmp_path):
     assert res.returncode == 2 and "dataset.allow_hub=true" in res.stderr
 
 
+@pytest.mark.slow
 def test_own_task_yaml_through_include_path(tmp_path):
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"q": f"Is {i} even?", "label": int(i % 2 == 0)}) + "\n" for i in range(6)))
@@ -157,6 +161,7 @@ def test_unknown_task_points_at_lm_eval_switch(tmp_path):
 
 @pytest.mark.parametrize("model,arch,marker", [("qwen2_7b", "qwen2", "<|im_start|>user"),
                                                ("mistral_7b", "mistral", "[INST] ")])
+@pytest.mark.slow
 def test_own_checkpoint_through_a_model_config(tmp_path, model, arch, marker):
     """A local HF folder of a Qwen2 / Mistral architecture runs through model=<config> model.path=...
     (random weights at toy size, saved with tiny's tokenizer: the path a user's checkpoint takes)."""
