@@ -239,14 +239,14 @@ def run(cfg) -> dict:
                               "steps": len(steps), "match_share": sum(t["matched"] for t in steps) / max(len(steps), 1),
                               "proposed_per_step": sum(t["proposed"] for t in steps) / max(len(steps), 1),
                               "num_tokens_choice": decoder.lookup_choice}
-    if any("spec_source" in t for g in mode_gens for t in g.trace):  # specee_pld: which source served
+    if cfg.ablation.speculation != "draft":  # which source served the speculative set (specee_pld)
         m["speculation"] = speculation_sources(mode_gens, rt.num_layers)
-    if any("accepted" in t for g in mode_gens for t in g.trace):
+    if decoder.multi_token:  # a step verifies a proposal: Spec-Bench's tau from the accepted counts
         from specee.decoding.tree import mean_accepted_length
         m["mean_accepted_length"] = mean_accepted_length(mode_gens)
     else:  # one token per step (dense, autoregressive SpecEE): Spec-Bench's tau is 1 by construction
         m["mean_accepted_length"] = 1.0
-    if getattr(decoder, "tree", None) is not None:  # both mappings' costs for this tree (paper §6)
+    if spec.is_tree(cfg.ablation):  # both mappings' costs for this tree (paper §6)
         from specee.decoding.tree_shape import describe
         m["tree_shape"] = describe(decoder.tree)
         if getattr(decoder, "tree_choice", None):  # ablation.tree_select=auto: what was chosen and why
