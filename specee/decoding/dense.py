@@ -17,13 +17,14 @@ def prefill(rt: LayerwiseLM, ids: torch.Tensor, cache: LayerKVCache) -> torch.Te
 
 @torch.inference_mode()
 def decode_one_token(rt: LayerwiseLM, token: torch.Tensor, cache: LayerKVCache) -> torch.Tensor:
-    return rt.forward(token.view(1, 1), cache)
+    """``token``: a (1, 1) id tensor, or any one-element one (reshaped: a dispatch more per step)."""
+    return rt.forward(token if token.dim() == 2 else token.view(1, 1), cache)
 
 
 @dataclass
 class DenseSession:
     cache: LayerKVCache
-    token: torch.Tensor  # last emitted token, on the runtime's device
+    token: torch.Tensor  # last emitted token, shape (1, 1), on the runtime's device
 
 
 class DenseDecoder(LoopDecoder):
@@ -36,13 +37,15 @@ class DenseDecoder(LoopDecoder):
     def prefill(self, prompt_ids, max_new_tokens: int):
         rt = self.rt
         cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
-        token = rt.logits(prefill(rt, prompt_ids, cache))[0, -1].argmax()
+        # argmax over the last dim of (1, 1, vocab) logits: the (1, 1) id the next step feeds
+        # back as is (indexing [0, -1] and reshaping would cost three dispatches per token)
+        token = rt.logits(prefill(rt, prompt_ids, cache)).argmax(-1)
         return DenseSession(cache, token), int(token)
 
     @torch.inference_mode()
     def step(self, s: DenseSession) -> Step:
         rt = self.rt
-        s.token = rt.logits(decode_one_token(rt, s.token, s.cache))[0, -1].argmax()
+        s.token = rt.logits(decode_one_token(rt, s.token, s.cache)).argmax(-1)
         return Step([int(s.token)], rt.num_layers - 1)
 
     @torch.inference_mode()
