@@ -17,7 +17,7 @@ from specee.bench.power import EnergyMeter
 from specee.bench.speed import (hf_generate, machine_fingerprint, match_rate, noisy_reasons, paired_speedup_ci,
                                 peer_metrics, print_summary, speculation_sources, speed_metrics, time_sides)
 from specee.bench.timing import WARMUP_TOKENS, energy_pass, warm_key, warm_up
-from specee.compiled import build_runtime, graph_stats
+from specee.compiled import graph_stats
 from specee.decoding import build_decoder, build_peer, modes
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.hf_peer import HFGenerateDecoder
@@ -26,7 +26,7 @@ from specee.early_exit.replay import prompt_sha
 from specee.env import machine_load
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder, format_conversation
-from specee.runtime import LayerwiseLM
+from specee.runtime import LayerwiseLM, build_runtime
 
 
 def build_peer_side(cfg, rt, decoder, eos):

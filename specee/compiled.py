@@ -48,6 +48,8 @@ import torch._dynamo
 from torch._dynamo.utils import counters as _DYNAMO_COUNTERS
 import torch.nn.functional as F
 
+from specee.early_exit.features import features_from_logits, folded_logits
+from specee.early_exit.predictor import mlp_logit
 from specee.errors import SpeceeError
 from specee.runtime import LayerKVCache, LayerwiseLM
 
@@ -224,14 +226,10 @@ def layer_step(h, cos, sin, k_buf, v_buf, length, block, ln1, w_qkv, b_qkv, w_o,
 
 
 def predictor_step(h, rows, eps: float, inv_d: float, p_prev, b1, w1t, w2, b2, logit_t: float):
-    """SpecEE's probe + predictor MLP in one call (features.py's definition, the folded-norm
-    probe): z = rows @ h / rms(h); feats = [z, softmax z, softmax z - p_prev]; fire = logit > t."""
-    v = h.reshape(-1).float()
-    z = (rows @ v) * torch.rsqrt(v.dot(v) * inv_d + eps)
-    p = torch.softmax(z, -1)
-    feats = torch.cat([z, p, p - p_prev])
-    logit = torch.addmv(b1, w1t, feats).relu().dot(w2) + b2
-    return logit > logit_t, p
+    """SpecEE's probe + predictor MLP in one call, from the functions the eager path calls
+    (features.folded_logits, features.features_from_logits, predictor.mlp_logit): fire = logit > t."""
+    feats, p = features_from_logits(folded_logits(h, rows, eps, inv_d), p_prev)
+    return mlp_logit(feats, b1, w1t, w2, b2) > logit_t, p
 
 
 def compiler_problem(device: torch.device) -> str | None:
@@ -294,8 +292,13 @@ class CompiledLM(LayerwiseLM):
 
     kind = "compiled"
 
-    def __init__(self, model, mode: str = "default", max_block: int = 64, cache_bucket: int = 0):
+    def __init__(self, model, mode: str = "default", max_block: int = 64, cache_bucket: int = 0,
+                 exit_control: str = "host"):
         super().__init__(model)
+        from specee.device_walk import check_exit_control
+        check_exit_control(exit_control, self.device)
+        self.exit_control = exit_control
+        self._device_walk = None
         if len(set(self.layer_devices)) > 1:
             raise SpeceeError("runtime=compiled needs the whole model on one device (its layer step takes every "
                               "layer's weights and cache on one); a model sharded over devices "
@@ -383,6 +386,20 @@ class CompiledLM(LayerwiseLM):
             out = out.clone()
         return out
 
+    @property
+    def exits_on_device(self) -> bool:
+        return self.exit_control == "device"
+
+    def walk_exits(self, plan, h, rope, cache, pos, timer, observe=None):
+        """With ``exit_control=device`` (and no per-layer observer, which reads every layer on the
+        host) the exits are decided on the device (specee/device_walk.py); else the host walk."""
+        if not self.exits_on_device or observe is not None or not isinstance(cache, StaticKVCache):
+            return super().walk_exits(plan, h, rope, cache, pos, timer, observe)
+        if self._device_walk is None:
+            from specee.device_walk import DeviceWalk
+            self._device_walk = DeviceWalk(self)
+        return self._device_walk.walk(plan, h, rope, cache, timer)
+
     def predictor_params(self, predictors, i: int) -> tuple:
         """Layer i's static predictor weights for the fused step, and the logit threshold it is
         compared with. Per-layer thresholds are folded into the output bias (logit > t_i <=>
@@ -395,13 +412,10 @@ class CompiledLM(LayerwiseLM):
         if per_layer is None or per_layer.get("key") != key:
             per_layer = self._pred_params[predictors] = {"key": key}
         if i not in per_layer:
-            b1, w1t, w2, b2 = (x[i].detach().clone() for x in (predictors.b1, predictors._w1t, predictors.w2,
-                                                               predictors.b2))
-            t = predictors._logit_t
+            b1, w1t, w2, b2 = (x.detach().clone() for x in predictors.layer_params(i))
+            t = predictors.logit_threshold_at(i)
             if predictors.layer_thresholds is not None:
-                from specee.early_exit.predictor import logit_threshold
-                t_i = logit_threshold(predictors.layer_thresholds[i])
-                b2, t = (b2 - t_i, 0.0) if math.isfinite(t_i) else (b2, t_i)
+                b2, t = (b2 - t, 0.0) if math.isfinite(t) else (b2, t)
             per_layer[i] = (tuple(static_input(x) for x in (b1, w1t, w2, b2)), t)
         return per_layer[i]
 
@@ -415,13 +429,3 @@ class CompiledLM(LayerwiseLM):
             # graphs have run): a CUDA-graph output is overwritten by its graph's next replay.
             fire, p = fire.clone(), p.clone()
         return fire, p
-
-
-def build_runtime(runtime_cfg, model) -> LayerwiseLM:
-    """The configured runtime over a loaded model: ``eager`` (the reference) or ``compiled``."""
-    kind = runtime_cfg.kind
-    if kind == "eager":
-        return LayerwiseLM(model)
-    if kind == "compiled":
-        return CompiledLM(model, runtime_cfg.compile_mode, runtime_cfg.max_block, runtime_cfg.cache_bucket)
-    raise SpeceeError(f"runtime.kind={kind!r} is unknown; valid: eager, compiled")

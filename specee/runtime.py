@@ -163,6 +163,7 @@ class LayerwiseLM:
 
     kind = "eager"
     fallback = None  # why a compiled runtime runs eagerly (None: it does not)
+    exits_on_device = False  # the walk's exit decisions stay on the device (runtime.exit_control=device)
 
     def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> LayerKVCache:
         return LayerKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype,
@@ -210,6 +211,31 @@ class LayerwiseLM:
         from specee.early_exit.features import features_from_logits
         feats, p = features_from_logits(probe.logits(h), p_prev)
         return predictors.decide(i, feats), p
+
+    # -- the layer walk ------------------------------------------------------------------------
+    def walk(self, h, rope, cache, pos, block, eligible: list[bool], exit_test, timer, observe=None):
+        """The early-exit layer walk with a host-side exit test, shared by every early-exit mode and
+        by predictor-data collection: run ``h`` up the stack; after each layer i with
+        ``eligible[i]`` ask ``exit_test(i, h)``, which returns None to continue or a decision to exit
+        with. ``observe(i, h)`` (optional) sees every layer. Returns (exit layer, h at it, decision
+        or None for the full stack)."""
+        for i in range(self.num_layers):
+            h = self.run_layer(i, h, rope, cache, block, pos)
+            timer.lap("layers")
+            if observe is not None:
+                observe(i, h)
+            if eligible[i]:
+                decision = exit_test(i, h)
+                if decision is not None:
+                    return i, h, decision
+        return self.num_layers - 1, h, None
+
+    def walk_exits(self, plan, h, rope, cache, pos, timer, observe=None):
+        """Autoregressive SpecEE's walk over an :class:`~specee.early_exit.exits.ExitPlan`: an
+        :class:`~specee.early_exit.exits.ExitValue`. Here the host branches after each scheduled
+        predictor; the compiled runtime may keep the decision on the device."""
+        from specee.early_exit.exits import host_walk
+        return host_walk(self, plan, h, rope, cache, pos, timer, observe)
 
     def mask_for(self, past: int, t: int, block_mask: torch.Tensor | None):
         """Additive mask for T new tokens over ``past`` cached ones; None when SDPA's default fits."""
@@ -272,3 +298,16 @@ class LayerwiseLM:
         if commit:
             cache.seq_len += ids.shape[1]
         return h
+
+
+def build_runtime(runtime_cfg, model) -> LayerwiseLM:
+    """The configured runtime over a loaded model: ``eager`` (the reference) or ``compiled``
+    (specee/compiled.py, imported only when asked for)."""
+    kind = runtime_cfg.kind
+    if kind == "eager":
+        return LayerwiseLM(model)
+    if kind == "compiled":
+        from specee.compiled import CompiledLM
+        return CompiledLM(model, runtime_cfg.compile_mode, runtime_cfg.max_block, runtime_cfg.cache_bucket,
+                          exit_control=getattr(runtime_cfg, "exit_control", "host"))
+    raise SpeceeError(f"runtime.kind={kind!r} is unknown; valid: eager, compiled")

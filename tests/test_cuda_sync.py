@@ -112,6 +112,7 @@ def test_every_host_read_of_a_step_is_counted(monkeypatch, arch):
 
 
 STEP_FUNCTIONS = {"specee.decoding.specee_ar": ["SpecEEDecoder.step", "SpecEEDecoder.decode_one_token"],
+                  "specee.early_exit.exits": ["host_walk"],
                   "specee.decoding.tree": ["TreeDecoder.step", "TreeDecoder.verify", "TreeDecoder.draft_tree"],
                   "specee.decoding.adainfer": ["AdaInferDecoder.step", "AdaInferDecoder.decode_one_token"]}
 
@@ -122,8 +123,10 @@ def test_decoding_steps_copy_host_data_only_through_the_counted_helper(module):
     import importlib
     mod = importlib.import_module(module)
     for qual in STEP_FUNCTIONS[module]:
-        cls, fn = qual.split(".")
-        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(getattr(getattr(mod, cls), fn))))
+        obj = mod
+        for part in qual.split("."):  # Class.method or a module-level function
+            obj = getattr(obj, part)
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(obj)))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 assert not (node.func.attr == "tensor" and getattr(node.func.value, "id", "") == "torch"), qual

@@ -72,8 +72,8 @@ def test_the_guard_catches_a_host_made_token(parts, monkeypatch):
     real = d.decode_one_token
 
     def host_made(*args, **kwargs):
-        nxt, f, exit_layer, trace = real(*args, **kwargs)
-        return torch.tensor(int(nxt)), f, exit_layer, trace
+        nxt, f, exit_layer, trace, ex = real(*args, **kwargs)
+        return torch.tensor(int(nxt)), f, exit_layer, trace, ex
 
     monkeypatch.setattr(d, "decode_one_token", host_made)
     ids = prompt()

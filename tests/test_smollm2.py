@@ -8,7 +8,7 @@ import zipfile
 import pytest
 import torch
 
-from conftest import DATA_ROOT, run_cli
+from conftest import DATA_ROOT, ROOT, run_cli
 
 from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError
@@ -97,7 +97,7 @@ def test_prompts_use_the_checkpoints_own_chat_template(smollm2, tiny):
 def test_dense_loop_equals_hf_generate_on_a_real_llm(smollm2, runtime):
     from types import SimpleNamespace
     from specee.bench.speed import hf_generate
-    from specee.compiled import build_runtime
+    from specee.runtime import build_runtime
     model, tok = smollm2
     rt = build_runtime(SimpleNamespace(kind=runtime, compile_mode="default", max_block=64, cache_bucket=0), model)
     if runtime == "compiled":
@@ -175,3 +175,27 @@ def test_chat_template_requests_equal_lm_eval_hf_model(smollm2, tmp_path, monkey
         assert runs["specee"][t] == runs["hf"][t], t
         prompts = [str(a) for a, _, _ in runs["specee"][t]]
         assert all("<|im_start|>assistant" in p for p in prompts)
+
+
+def test_device_exits_decode_as_the_host_walk_on_a_real_llm(smollm2):
+    """runtime.exit_control=device (exits decided with torch.cond, one host read per step) against
+    the host-branching walk on the compiled runtime and the eager reference, with the committed
+    SmolLM2 draft head and predictors: the same tokens, exit layers and counts."""
+    from specee.compiled import CompiledLM
+    from specee.decoding.specee_ar import SpecEEDecoder
+    from specee.early_exit.predictor import PredictorBank
+    from specee.models.draft import load_draft
+    model, tok = smollm2
+    art = ROOT / "specee" / "artifacts"
+    gens = {}
+    for name, rt in (("eager", LayerwiseLM(model)), ("host", CompiledLM(model)),
+                     ("device", CompiledLM(model, exit_control="device"))):
+        draft, _ = load_draft(art / "smollm2_135m_draft", rt)
+        bank, _ = PredictorBank.load(art / "smollm2_135m_predictors", rt.num_layers, 4, 0.5, "global")
+        dec = SpecEEDecoder(rt, draft, bank, k=4)
+        gens[name] = [dec.generate(_chat_ids(tok, text), 16, tok.eos_token_id) for text in PROMPTS]
+    for e, h, d in zip(gens["eager"], gens["host"], gens["device"]):
+        assert e.tokens == h.tokens == d.tokens and h.exit_layers == d.exit_layers
+        assert [t["verify_calls"] for t in h.trace] == [t["verify_calls"] for t in d.trace]
+        assert all(t["walk_syncs"] == 0 for t in d.trace)
+    assert any(x < model.config.num_hidden_layers for g in gens["device"] for x in g.exit_layers[1:])

@@ -34,6 +34,9 @@ def early_exit_metrics(gens, m: dict, split_gens=None, split_method: str | None 
         "predictor_calls_per_token": sum(t["pred_calls"] for t in trace) / tokens,
         "verify_calls_per_token": sum(t["verify_calls"] for t in trace) / tokens,
         "syncs_per_token": sum(t.get("syncs", 0) for t in trace) / tokens,
+        # host round trips inside the layer walk (0 when the exits are decided on the device)
+        "walk_syncs_per_token": (sum(t["walk_syncs"] for t in trace) / tokens
+                                 if all("walk_syncs" in t for t in trace) else None),
         "exit_rate": sum(t["exit_layer"] < m["num_layers"] - 1 for t in trace) / n,
         # Of the steps where a predictor fired and the LM head verified, the share that exited
         # (replay forces its exits, so this is about real predictor decisions only).

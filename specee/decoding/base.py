@@ -230,24 +230,6 @@ class LoopDecoder:
         return generate(self, prompt_ids, max_new_tokens, eos_id, stop)
 
 
-def walk_layers(rt, h, rope, cache, pos, block, eligible: list[bool], exit_test, timer: PhaseTimer,
-                observe=None):
-    """The early-exit layer walk, shared by every early-exit mode and by predictor-data collection:
-    run ``h`` up the stack; after each layer i with ``eligible[i]`` ask ``exit_test(i, h)``, which
-    returns None to continue or a decision to exit with. ``observe(i, h)`` (optional) sees every
-    layer (statistics). Returns (exit layer, h at it, decision or None for the full stack)."""
-    for i in range(rt.num_layers):
-        h = rt.run_layer(i, h, rope, cache, block, pos)
-        timer.lap("layers")
-        if observe is not None:
-            observe(i, h)
-        if eligible[i]:
-            decision = exit_test(i, h)
-            if decision is not None:
-                return i, h, decision
-    return rt.num_layers - 1, h, None
-
-
 @dataclass
 class Score:
     """Teacher-forced scoring of a continuation: per-token log-probs from the layer that emitted."""

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits, walk_layers
+from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits
+from specee.early_exit.exits import ExitPlan
 from specee.early_exit.features import SpecProbe, delta_probe_layers, features_from_logits, initial_p
 from specee.early_exit.kv_policy import fill_skipped
 from specee.early_exit.predictor import PredictorBank
@@ -79,80 +80,65 @@ class SpecEEDecoder(LoopDecoder):
         timer = self.timer()
         timer.start()
         spec = self.propose(s.token, s.f, s.dcache)
-        spec_list = timer.host_list(spec)
+        # The device walk reads the speculative ids with the step's outcome (one host read).
+        spec_list = None if self.rt.exits_on_device else timer.host_list(spec)
         timer.lap("draft")
         target = self.replay.target(s.replay) if self.replay else None
-        s.token, s.f, exit_layer, trace = self.decode_one_token(s.token, spec, spec_list, s.cache, s.state,
-                                                                timer, target)
-        trace["spec"] = spec_list
+        s.token, s.f, exit_layer, trace, ex = self.decode_one_token(s.token, spec, spec_list, s.cache, s.state,
+                                                                    timer, target)
+        trace["spec"] = ex.spec_list
         if target is not None:
             trace["replay_target"] = target
-        return Step([timer.host_int(s.token)], exit_layer, trace | timer.trace())
+        token = ex.token_int if ex.token_int is not None else timer.host_int(s.token)
+        return Step([token], exit_layer, trace | timer.trace())
 
     @torch.inference_mode()
     def decode_one_token(self, token, spec, spec_list, cache, state, timer: PhaseTimer, target=None):
         """Run ``token`` up the stack until a verified exit; return (next token, its feature
-        norm(h_exit), exit layer, trace counters). The next token stays on the device. With a
-        replay ``target`` the predictors still run but the exit is taken at the first scheduled
-        layer >= target, after its verification LM head."""
-        rt, pred = self.rt, self.predictors
-        probe = SpecProbe(rt, spec)
+        norm(h_exit), exit layer, trace counters, the walk's :class:`ExitValue`). The next token
+        stays on the device. With a replay ``target`` the predictors still run but the exit is taken
+        at the first scheduled layer >= target, after its verification LM head."""
+        rt = self.rt
         pos = rt.positions(cache, 1)
         h = rt.embed(token.view(1, 1))
         rope = rt.rope(h, pos, cache.seq_len)
         active = self.schedule.active(state)
         eligible = [self.can_exit[i] and active[i] for i in range(rt.num_layers)]
-        probe_only = delta_probe_layers(eligible, self.delta_from)
-        counts = {"pred_calls": 0, "verify_calls": 0, "delta_probes": 0}
-        p_prev = [initial_p(self.k, spec)]
-
-        def exit_test(i, h):
-            if probe_only[i]:  # layer l-1's p for the predictor at l, as in training
-                p_prev[0] = torch.softmax(probe.logits(h), -1)
-                counts["delta_probes"] += 1
-                timer.lap("predictors")
-                return None
-            decision, p_prev[0] = rt.predict(probe, pred, i, h, p_prev[0])
-            counts["pred_calls"] += 1
-            fire = timer.host_bool(decision)
-            if target is not None:
-                fire = i >= target
-            timer.lap("predictors")
-            if not fire:
-                return None
-            counts["verify_calls"] += 1
-            normed = rt.norm(h)[0, 0]
-            cand = rt.lm_head(normed).argmax()
-            hit = timer.host_int(cand) in spec_list or target is not None
-            timer.lap("verification")
-            return (cand, normed) if hit else None
-
+        plan = ExitPlan(eligible, delta_probe_layers(eligible, self.delta_from), SpecProbe(rt, spec),
+                        self.predictors, spec, spec_list, initial_p(self.k, spec), target)
         shadow = {"exit": None, "p": initial_p(self.k, spec)}
 
         def observe(i, h):  # shadow mode: where would the all-layers policy have exited?
             if self.can_exit[i]:
-                shadow["p"], hit = self._shadow_check(i, h, probe, spec_list, shadow["p"])
+                shadow["p"], hit = self._shadow_check(i, h, plan.probe, shadow_spec(), shadow["p"])
                 if hit and shadow["exit"] is None:
                     shadow["exit"] = i
             timer.lap("other")  # statistics only
 
-        walk = [e or p for e, p in zip(eligible, probe_only)]
-        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, None, walk, exit_test, timer,
-                                              observe if self.shadow else None)
-        if decision is None:
+        def shadow_spec():
+            if plan.spec_list is None:
+                plan.spec_list = timer.host_list(spec)
+            return plan.spec_list
+
+        syncs = timer.syncs
+        ex = rt.walk_exits(plan, h, rope, cache, pos, timer, observe if self.shadow else None)
+        walk_syncs = timer.syncs - syncs  # host round trips inside the layer walk
+        exit_layer = ex.resolve(timer)
+        h = ex.h
+        if ex.token is None:
             normed = rt.norm(h)[0, 0]
             nxt = rt.lm_head(normed).argmax()
             timer.lap("layers")  # the dense LM head, as in the dense loop
         else:
-            nxt, normed = decision
+            nxt, normed = ex.token, ex.normed
         cache.seq_len += 1
         fill_skipped(rt, cache, h, exit_layer, rope, self.kv_policy)
         timer.lap("layers")
         self.schedule.record(state, exit_layer)
-        trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, **counts}
+        trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "walk_syncs": walk_syncs, **ex.counts}
         if self.shadow:
             trace["shadow_exit_layer"] = shadow["exit"] if shadow["exit"] is not None else rt.num_layers - 1
-        return nxt, normed.view(1, 1, -1), exit_layer, trace
+        return nxt, normed.view(1, 1, -1), exit_layer, trace, ex
 
     def _shadow_check(self, i, h, probe, spec_list, p_all):
         """Would the all-layers policy (p_prev = layer i-1) exit at layer i?"""
@@ -188,7 +174,7 @@ class SpecEEDecoder(LoopDecoder):
         for j in range(len(steps)):
             token = ids[j]
             spec = self.propose(token, f, dcache)
-            _, f, exit_layer, _ = self.decode_one_token(token, spec, timer.host_list(spec), cache, state, timer)
+            _, f, exit_layer, _, _ = self.decode_one_token(token, spec, None, cache, state, timer)
             feats.append(f.view(-1))
             layers.append(exit_layer + 1)
         return score_from_logits(rt.lm_head(torch.stack(feats)), continuation, layers)
@@ -273,9 +259,9 @@ class PromptLookupSpecEEDecoder(SpecEEDecoder):
             s.pending = []
         timer.lap("draft")
         target = self.replay.target(s.replay) if self.replay else None
-        s.token, s.f, exit_layer, trace = self.decode_one_token(s.token, spec, spec_list, s.cache, s.state,
-                                                                timer, target)
-        token = timer.host_int(s.token)
+        s.token, s.f, exit_layer, trace, ex = self.decode_one_token(s.token, spec, spec_list, s.cache, s.state,
+                                                                    timer, target)
+        token = ex.token_int if ex.token_int is not None else timer.host_int(s.token)
         s.ids.append(token)
         s.counts[token] += 1
         trace.update({"spec": spec_list, "spec_source": source, "draft_calls": draft_calls})

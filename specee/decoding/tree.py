@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specee.decoding.base import Generation, LoopDecoder, PhaseTimer, Step, walk_layers
+from specee.decoding.base import Generation, LoopDecoder, PhaseTimer, Step
 from specee.decoding.tree_shape import build, independent_units
 from specee.early_exit.features import delta_probe_layers, initial_p, spec_features
 from specee.early_exit.kv_policy import check_policy, fill_skipped
@@ -225,7 +225,7 @@ class TreeDecoder(LoopDecoder):
             return (walk, nxt, normed) if ok else None
 
         walk_at = [e or p for e, p in zip(eligible, probe_only)]
-        exit_layer, h, decision = walk_layers(rt, h, rope, cache, pos, self.block, walk_at, exit_test, timer)
+        exit_layer, h, decision = rt.walk(h, rope, cache, pos, self.block, walk_at, exit_test, timer)
         if decision is None:
             normed = rt.norm(h)[0]
             nxt = timer.host_list(rt.lm_head(normed).argmax(-1))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specee.decoding.base import PhaseTimer, walk_layers
+from specee.decoding.base import PhaseTimer
 from specee.early_exit.features import SpecProbe, adainfer_features, features_from_logits, initial_p
 from specee.models.draft import DraftHead
 from specee.runtime import LayerwiseLM
@@ -50,7 +50,7 @@ def collect_prompt(rt: LayerwiseLM, draft: DraftHead, prompt_ids, max_new_tokens
             feats.append(x)
             return None
 
-        walk_layers(rt, h, rope, cache, pos, None, every_layer, record, timer)
+        rt.walk(h, rope, cache, pos, None, every_layer, record, timer)
         cache.seq_len += 1
         L = len(normeds)
         logits = rt.lm_head(torch.stack(normeds + (raws if unnormed else [])))  # (L or 2L, V), one product

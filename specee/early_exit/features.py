@@ -36,6 +36,13 @@ def delta_probe_layers(eligible: list[bool], delta_from: str) -> list[bool]:
 _FOLDABLE_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 
 
+def folded_logits(h: torch.Tensor, rows: torch.Tensor, eps: float, inv_d: float) -> torch.Tensor:
+    """z = norm(h) @ W[S].T with the RMSNorm's weight folded into ``rows`` (float32): one (K x d)
+    mat-vec and the RMS of h. The eager probe and the compiled predictor step both call this."""
+    v = h.reshape(-1).float()
+    return (rows @ v) * torch.rsqrt(v.dot(v) * inv_d + eps)
+
+
 def initial_p(k: int, like: torch.Tensor) -> torch.Tensor:
     return torch.full((k,), 1.0 / k, dtype=torch.float32, device=like.device)
 
@@ -59,8 +66,7 @@ class SpecProbe:
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.fast:
-            v = h.reshape(-1).float()
-            return (self.rows @ v) * torch.rsqrt(v.dot(v) * self.inv_d + self.eps)
+            return folded_logits(h, self.rows, self.eps, self.inv_d)
         return (self.rows @ self.norm(h).reshape(-1)).float()
 
 

@@ -30,6 +30,12 @@ _THRESHOLDS_FIX = ("retrain them with experiment.target_precision=P (e.g. 0.8), 
                    "thresholds, or use early_exit.calibration=global (early_exit.threshold for every layer)")
 
 
+def mlp_logit(feats: torch.Tensor, b1, w1t, w2, b2) -> torch.Tensor:
+    """One layer's predictor logit on a feature vector: relu(W1 f + b1) . w2 + b2 (two fused
+    mat-vecs; ``w1t`` is W1 as (hidden, 3K)). The eager bank and the compiled step both call this."""
+    return torch.addmv(b1, w1t, feats).relu().dot(w2) + b2
+
+
 def logit_threshold(t: float) -> float:
     """The logit-space threshold: sigmoid(x) > t  <=>  x > logit(t) (t=1: never; t=0: always)."""
     return math.inf if t >= 1 else -math.inf if t <= 0 else math.log(t / (1 - t))
@@ -162,8 +168,18 @@ class PredictorBank(nn.Module):
 
     def logit(self, layer: int, feats: torch.Tensor) -> torch.Tensor:
         if feats.dim() == 1:  # the decode hot path: two fused mat-vecs
-            return torch.addmv(self.b1[layer], self._w1t[layer], feats).relu_().dot(self.w2[layer]) + self.b2[layer]
+            return mlp_logit(feats, *self.layer_params(layer))
         return torch.relu(feats @ self.w1[layer] + self.b1[layer]) @ self.w2[layer] + self.b2[layer]
+
+    def layer_params(self, layer: int) -> tuple:
+        """Layer ``layer``'s (b1, w1 as (hidden, 3K), w2, b2), the arguments of :func:`mlp_logit`."""
+        return self.b1[layer], self._w1t[layer], self.w2[layer], self.b2[layer]
+
+    def logit_threshold_at(self, layer: int) -> float:
+        """The logit a decision at ``layer`` is compared with (per-layer or global calibration)."""
+        if self.layer_thresholds is None:
+            return self._logit_t
+        return logit_threshold(self.layer_thresholds[layer])
 
     @property
     def _w1t(self) -> torch.Tensor:
