@@ -238,3 +238,36 @@ def test_a_speed_result_is_a_unit_table_for_prediction(tmp_path):
     want = (32 * 10 + 5 + 2) / (16 * 10 + 5 + 12 + 2)
     assert predict_speedup(mode, dense, 32, "llama2_7b", units) == pytest.approx(want)
     assert predict_speedup(mode, dense, 32, "llama2_7b", path) == pytest.approx(want)
+
+
+def _paper_like_counts():
+    """Per-token counts of T1+T2 at the paper's exit depth on a 32-layer model (24.7 layers, ten
+    predictor calls, one delta probe, 1.4 LM heads, a draft step, 12.6 host reads) and of dense."""
+    dense = cm._priced({"steps": 1.0, "layer_steps": 32.0, "tree_layer_steps": 0.0, "lm_heads": 1.0,
+                        "tree_lm_heads": 0.0, "predictor_calls": 0.0, "delta_probes": 0.0, "adainfer_probes": 0.0,
+                        "draft_steps": 0.0, "draft_trees": 0.0, "syncs": 1.0, "extra_syncs": 0.0})
+    mode = cm._priced({"steps": 1.0, "layer_steps": 24.7, "tree_layer_steps": 0.0, "lm_heads": 1.4,
+                       "tree_lm_heads": 0.0, "predictor_calls": 10.0, "delta_probes": 1.0, "adainfer_probes": 0.0,
+                       "draft_steps": 1.0, "draft_trees": 0.0, "syncs": 12.6, "extra_syncs": 0.0})
+    return mode, dense
+
+
+def test_gpu_paths_price_host_round_trips_and_graph_launches_where_each_path_pays_them():
+    from specee.bench.modelled_speed import GPU_ANALYTIC
+    mode, dense = _paper_like_counts()
+    out = cm.predict_paths(mode, dense, 32, "llama2_7b", GPU_ANALYTIC, context=512)
+    p = out["paths"]
+    assert set(p) == set(cm.PATHS)
+    # Every path streams the same bytes; only the host side differs.
+    assert p["eager"]["us_per_token"]["layers"] == p["graphed_device_exits"]["us_per_token"]["layers"]
+    host = {k: v["us_per_token"]["host"] for k, v in p.items()}
+    assert host["graphed_device_exits"] < host["graphed_host_exits"] < host["eager"]
+    # The host-exit path pays a drained queue per read: 12.6 reads cost more than one.
+    one_read = cm.predict_paths({**mode, "syncs": 1.0}, dense, 32, "llama2_7b", GPU_ANALYTIC, context=512)
+    assert one_read["paths"]["graphed_host_exits"]["us_per_token"]["host"] < host["graphed_host_exits"]
+    # Below the layer ratio 32 / 24.7 = 1.30: the draft step and the verification heads cost their bytes.
+    for v in p.values():
+        assert 1.0 < v["speedup_vs_strongest_dense"] <= v["speedup_vs_dense_same_path"] < 32 / 24.7
+    assert out["strongest_dense"] == "graphed"
+    no_device = cm.predict_paths(mode, dense, 32, "llama2_7b", GPU_ANALYTIC, 512, device_exits=False)
+    assert "graphed_device_exits" not in no_device["paths"]

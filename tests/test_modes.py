@@ -79,7 +79,12 @@ def test_a_registered_mode_runs_through_validation_launcher_cost_model_and_repor
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert doc["config"]["ablation"]["mode"] == "echo"
     info = build_report([doc], tmp_path / "report", "test")
-    assert "echo" in (tmp_path / "report" / "summary.md").read_text() and info["pages"]
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "echo" in summary and info["pages"]
+    # Its counts priced on each GPU path (it has no exits to decide on the device).
+    assert "Where a token's time goes on a GPU, per path" in info["pages"]
+    paths = m["cost_model"]["predicted_gpu_paths"]["by_model"]["llama2_7b"]["paths"]
+    assert set(paths) == {"eager", "graphed_host_exits"}
 
 
 def test_the_specs_answer_what_the_rules_used_to_spell_out():

@@ -431,3 +431,78 @@ def predict_speedup(mode_counts: dict, dense_counts: dict, num_layers_measured: 
     t_mode = modelled_time_us(rescale_depth(mode_counts, factor), table)[0]
     t_dense = modelled_time_us(rescale_depth(dense_counts, factor), table)[0]
     return t_dense / t_mode
+
+
+# -- GPU decoding paths: eager, graphed with host exits, graphed with device exits ----------------
+# A CUDA-graph replay's launch on the host (one call, however many kernels it holds) and one
+# conditional node evaluated on the device: stated floors, like KERNELS' launch price, not measured.
+GRAPH_US = 8.0
+COND_US = 1.5
+PATHS = ("eager", "graphed_host_exits", "graphed_device_exits")
+
+
+def path_time_us(counts: dict, shape: dict, path: str, bandwidth_gb_s: float, sync_us: float, kernel_us: float,
+                 context: int, num_layers: int, dtype_bytes: int = 2, k: int = 4) -> dict:
+    """Modelled us per emitted token of counted work ``counts`` (already at ``shape``'s depth) on
+    one decoding path, by part: the bytes each unit streams (the floor on every path) and what the
+    path adds on the host side.
+
+    - ``eager``: each unit max(bytes / bandwidth, kernels x ``kernel_us``) and ``sync_us`` per host
+      read (:func:`analytic_unit_costs`).
+    - ``graphed_host_exits``: each layer step, predictor call, probe, LM head and draft step is one
+      CUDA-graph replay (``GRAPH_US`` each, overlapping the device work while the queue is full);
+      a host read drains the queue, so it costs ``sync_us`` plus the next replay's launch, exposed.
+    - ``graphed_device_exits``: one replay per step; every layer, predictor and verification is a
+      conditional node (``COND_US`` each, ~3 per layer); the host reads once per step."""
+    a = analytic_unit_costs(shape, bandwidth_gb_s, sync_us, kernel_us, context, dtype_bytes, k)
+    bw = bandwidth_gb_s * 1e9 / 1e6
+    b = a["bytes"]
+    c = lambda key: counts.get(key, 0.0)  # noqa: E731
+    heads = c("priced_lm_heads") + c("adainfer_probes") + c("tree_lm_heads")
+    layers = c("layer_steps") + c("tree_layer_steps")
+    stream = {"layers": layers * b["layer"] / bw, "lm_heads": heads * b["lm_head"] / bw,
+              "predictors": (c("priced_predictor_calls") * b["predictor"] + c("delta_probes") * b["probe"]) / bw,
+              "draft": (c("draft_steps") + 4 * c("draft_trees")) * b["draft_step"] / bw}
+    steps, syncs = c("steps"), c("syncs")
+    if path == "eager":
+        table = a["median_us"]
+        host = modelled_time_us(counts, table)[0] - sum(stream.values())
+        return {**stream, "host": max(host, 0.0), "total": sum(stream.values()) + max(host, 0.0)}
+    if path == "graphed_host_exits":
+        replays = (layers + c("priced_predictor_calls") + c("delta_probes") + heads + c("draft_steps")
+                   + c("draft_trees") + steps)
+        hidden = sum(stream.values())  # launches overlap device work while the queue is full...
+        launch = max(replays * GRAPH_US - hidden, 0.0)
+        exposed = syncs * (sync_us + GRAPH_US)  # ...but a host read empties it
+        return {**stream, "host": launch + exposed, "total": hidden + launch + exposed}
+    if path == "graphed_device_exits":
+        conds = steps * 3 * shape["num_layers"]  # each layer: run or skip, predict or not, verify or not
+        host = steps * (GRAPH_US + sync_us) + conds * COND_US
+        return {**stream, "host": host, "total": sum(stream.values()) + host}
+    raise ValueError(f"unknown path {path!r}; valid: {', '.join(PATHS)}")
+
+
+def predict_paths(mode_counts: dict, dense_counts: dict, num_layers_measured: int, target_shape, gpu: dict,
+                  context: int, device_exits: bool = True) -> dict:
+    """Per path, modelled us/token of the mode and of dense on ``target_shape`` priced for ``gpu``
+    (name, bandwidth_gb_s, kernel_us, sync_us), the mode's speedup over dense on the same path and
+    over the strongest dense path. Dense never branches, so its graphed paths are one price.
+    ``device_exits``: whether the mode can take the device-exit path (autoregressive SpecEE)."""
+    shape = SHAPES[target_shape] if isinstance(target_shape, str) else target_shape
+    factor = shape["num_layers"] / num_layers_measured
+    mode, dense = rescale_depth(mode_counts, factor), rescale_depth(dense_counts, factor)
+    args = (shape,)
+    kw = dict(bandwidth_gb_s=gpu["bandwidth_gb_s"], sync_us=gpu["sync_us"], kernel_us=gpu["kernel_us"],
+              context=context, num_layers=shape["num_layers"])
+    dense_us = {"eager": path_time_us(dense, *args, "eager", **kw)["total"],
+                "graphed": path_time_us(dense, *args, "graphed_host_exits", **kw)["total"]}
+    strongest = min(dense_us.values())
+    out = {"dense_us_per_token": dense_us, "strongest_dense": min(dense_us, key=dense_us.get), "paths": {}}
+    for path in PATHS:
+        if path == "graphed_device_exits" and not device_exits:
+            continue
+        t = path_time_us(mode, *args, path, **kw)
+        same = dense_us["eager" if path == "eager" else "graphed"]
+        out["paths"][path] = {"us_per_token": t, "speedup_vs_dense_same_path": same / t["total"],
+                              "speedup_vs_strongest_dense": strongest / t["total"]}
+    return out

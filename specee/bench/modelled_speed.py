@@ -32,6 +32,10 @@ def cost_model(cfg, rt, decoder, dense, inputs, mode_gens, dense_gens, measured:
         g = GPU_ANALYTIC
         table = cm.analytic_unit_costs(cm.SHAPES[target], g["bandwidth_gb_s"], g["sync_us"], g["kernel_us"], context)
         predicted[target] = cm.predict_speedup(mode_counts, dense_counts, L, target, table)
+    spec = modes.of(cfg.ablation)
+    paths = {target: cm.predict_paths(mode_counts, dense_counts, L, target, GPU_ANALYTIC, context,
+                                      device_exits=spec.needs_bank and not spec.is_tree(cfg.ablation))
+             for target in ("llama2_7b", "llama2_13b")}
     lo, hi = model["band"]
     return {"modelled_speedup_vs_dense": model["value"], "modelled_band": model["band"],
             "measured_in_model_band": bool(lo <= measured <= hi),
@@ -41,7 +45,14 @@ def cost_model(cfg, rt, decoder, dense, inputs, mode_gens, dense_gens, measured:
             "context": context, "counts": mode_counts, "dense_counts": dense_counts,
             "breakdown_us_per_token": model["breakdown_us"], "gap_to_layer_ratio": cm.explain_gap(
                 mode_counts, dense_counts, units["median_us"], L),
-            "predicted_gpu": {"method": g["name"] + ": " + table["method"], "speedup_vs_dense": predicted}}
+            "predicted_gpu": {"method": g["name"] + ": " + table["method"], "speedup_vs_dense": predicted},
+            # the same counts on each GPU decoding path (eager; graphed with host exits; graphed with
+            # exits decided on the device), each against dense on the same path and the strongest dense
+            "predicted_gpu_paths": {"method": f"{g['name']}: bytes / bandwidth per unit, plus per path: eager "
+                                              f"{g['kernel_us']} us per kernel launch; graphed "
+                                              f"{cm.GRAPH_US} us per CUDA-graph replay; device exits "
+                                              f"{cm.COND_US} us per conditional node; {g['sync_us']} us per host read",
+                                    "by_model": paths}}
 
 
 def block_cost_model(rt, ids, mode_gens, rounds: int, measured: float, ci: list) -> dict:
