@@ -17,15 +17,57 @@ from specee.errors import SpeceeError
 from specee.io import PROJECT_ROOT, project_path
 
 
+# Speed sets whose prompts are not shipped (licence): run only where the data root holds them.
+NOT_SHIPPED = {"alpaca": "alpaca_gpt4_demo"}
+# The SpecEE steps that take the authors' released bank under experiment.bank=authors (or auto).
+AUTHORS = {"specee_t1": "specee_t1_authors", "specee_t1_t2": "specee_t1_t2_authors",
+           "specee_full": "specee_full_authors"}
+
+
+def _model_option(cfg) -> str:
+    """The model= option this run composed (a fine-tune under a base model's config keeps its own
+    model.name, passed beside it)."""
+    from hydra.core.hydra_config import HydraConfig
+    try:
+        return HydraConfig.get().runtime.choices.get("model") or cfg.model.name
+    except ValueError:  # not under hydra.main (plan() called from a test)
+        return cfg.model.name
+
+
+def bank(cfg) -> str:
+    """Which bank the SpecEE jobs read: authors (the released bank, ``AUTHORS`` ablations) or
+    trained (the ablations as named: this harness's training). auto: the authors' when their bank
+    for this model is in paths.artifacts and the weights are the pretrained ones (on random weights
+    every bank is a random stand-in)."""
+    e = cfg.experiment
+    if e.bank != "auto":
+        return e.bank
+    folder = project_path(f"{cfg.paths.artifacts}/{cfg.model.name}_predictors_authors")
+    return "authors" if cfg.model.init == "pretrained" and folder.is_dir() else "trained"
+
+
+def skipped_sets(cfg) -> list[str]:
+    """Speed sets left out because the data root does not hold their prompts."""
+    root = project_path(cfg.paths.data_root)
+    return [s for s in cfg.experiment.speed_sets
+            if s.partition(":")[0] in NOT_SHIPPED and not (root / NOT_SHIPPED[s.partition(":")[0]]).is_dir()]
+
+
 def plan(cfg) -> list[tuple[str, list[str]]]:
     e = cfg.experiment
-    common = [f"model={cfg.model.name}", f"paths.data_root={cfg.paths.data_root}",
-              f"paths.artifacts={cfg.paths.artifacts}", f"seed={cfg.seed}"]
-    if cfg.model.path:
-        common.append(f"model.path={cfg.model.path}")
+    m = cfg.model
+    common = [f"model={_model_option(cfg)}", f"model.name={m.name}", f"paths.data_root={cfg.paths.data_root}",
+              f"paths.artifacts={cfg.paths.artifacts}", f"paths.models={cfg.paths.models}", f"seed={cfg.seed}",
+              f"model.init={m.init}", f"model.device={m.device}", f"model.dtype={m.dtype}"]
+    if m.path:
+        common.append(f"model.path={m.path}")
+    if m.num_layers is not None:
+        common.append(f"model.num_layers={m.num_layers}")
     if cfg.threads:
         common.append(f"threads={cfg.threads}")
     data = [f"dataset={e.dataset}", f"dataset.count={e.count}", f"dataset.max_new_tokens={e.max_new_tokens}"]
+    authors = bank(cfg) == "authors"
+    named = lambda a: AUTHORS.get(a, a) if authors else a  # noqa: E731
 
     def speed_set(s: str) -> list[str]:
         """``name`` or ``name:category`` (a Spec-Bench category) -> dataset overrides."""
@@ -35,9 +77,11 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
 
     def speed(a: str, prompts: list[str] = data) -> list[str]:
         hf = [] if a in e.hf_generate_ablations else ["experiment.compare_hf_generate=false"]
-        return ["experiment=speed", f"ablation={a}", *hf, *prompts]
+        return ["experiment=speed", f"ablation={named(a)}", *hf, *prompts, *e.speed_overrides]
     if e.speed_sets:  # one speed job per ablation and prompt set (the paper's protocol: six sets)
-        jobs = [(f"speed_{a}_{s.replace(':', '_')}", speed(a, speed_set(s))) for a in e.ablations for s in e.speed_sets]
+        skip = skipped_sets(cfg)
+        jobs = [(f"speed_{a}_{s.replace(':', '_')}", speed(a, speed_set(s))) for a in e.ablations
+                for s in e.speed_sets if s not in skip]
     else:
         jobs = [(f"speed_{a}", speed(a)) for a in e.ablations]
     jobs += [(f"speed_{a}_{kv}", [*speed(a), f"early_exit.kv_policy={kv}"])
@@ -48,16 +92,17 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
         stats = [a for a in data if not a.startswith("dataset.count=")] + [f"dataset.count={e.stats_count or e.count}"]
         if e.stats_placements:
             stats.append(f"experiment.placements=[{','.join(e.stats_placements)}]")
-        jobs.append(("stats", ["experiment=stats", *stats]))
+        jobs.append(("stats", ["experiment=stats", *stats, *(["ablation=" + named("specee_t1")] if authors else [])]))
     groups = [("", e.accuracy_tasks, e.accuracy_limit, []),
               ("_perplexity", e.perplexity_tasks, e.perplexity_limit, []),
               ("_chat", e.chat_tasks, e.accuracy_limit, ["experiment.chat_template=true"])]
     for a in e.accuracy_ablations:
         for suffix, tasks, limit, more in groups:
             if tasks:
-                jobs.append((f"accuracy_{a}{suffix}", ["experiment=accuracy", f"ablation={a}",
+                jobs.append((f"accuracy_{a}{suffix}", ["experiment=accuracy", f"ablation={named(a)}",
                                                        f"experiment.tasks=[{','.join(tasks)}]",
-                                                       f"experiment.limit={limit}", *more]))
+                                                       f"experiment.limit={'null' if limit is None else limit}",
+                                                       *e.accuracy_overrides, *more]))
     return [(name, [*common, *args]) for name, args in jobs]
 
 
@@ -89,6 +134,11 @@ def _write_timing(root, cfg, seconds: dict, minutes: float, dense_ms) -> None:
 def run(cfg):
     root = PROJECT_ROOT / "runs" / "reproduce" / cfg.experiment.name
     jobs = plan(cfg)
+    if cfg.experiment.speed_sets:
+        for s in skipped_sets(cfg):
+            tqdm.write(f"[{s}] left out: its prompts are not shipped ({NOT_SHIPPED[s.partition(':')[0]]}/ is not in "
+                       f"paths.data_root={cfg.paths.data_root}; point paths.data_root at a data root that holds it)")
+    tqdm.write(f"SpecEE bank: {bank(cfg)}")
     t0, failed, seconds = time.perf_counter(), [], {}
     for name, args in tqdm(jobs, desc="reproduce", unit="job"):
         out = root / name

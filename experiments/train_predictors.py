@@ -37,7 +37,7 @@ from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
 from specee import data, results
-from specee.decoding.adainfer import AdaInferSVM
+from specee.decoding.adainfer import AdaInferSVM, train_crf
 from specee.early_exit.collect import collect_prompt
 from specee.early_exit.features import FEATURE_DEFINITION
 from specee.early_exit.predictor import THRESHOLDS, PredictorBank, binary_metrics, select_threshold, train_layer
@@ -126,6 +126,18 @@ def resolve_recipe(cfg) -> None:
                     e.calibration[sub] = value
             else:
                 e[key] = want
+
+
+def bank_dir(cfg) -> str:
+    """Where the bank is written: ``experiment.out_dir``; the paper recipe, left at the default
+    (early_exit.predictors_path), writes ``<model>_predictors_paper``, the folder
+    ``ablation=specee_t1_t2_paper`` reads (a paper bank never replaces the harness-default one)."""
+    e = cfg.experiment
+    raw = OmegaConf.to_container(e, resolve=False).get("out_dir")
+    out = str(e.out_dir)
+    if e.recipe == "paper" and raw == "${early_exit.predictors_path}" and not out.rstrip("/").endswith("_paper"):
+        return out.rstrip("/") + "_paper"
+    return out
 
 
 def run(cfg) -> dict:
@@ -227,6 +239,11 @@ def run(cfg) -> dict:
     with torch.no_grad():
         dec = (torch.as_tensor(A_va, dtype=torch.float32) @ svm.w + svm.b).numpy()
     svm_metrics = binary_metrics(1 / (1 + np.exp(-dec)), Yf_va[:, : L - 1].reshape(-1), 0.5)
+    # AdaInfer's other classifier: a CRF over the sequence of layers, same features and labels
+    crf, crf_info = train_crf(cat(tr, "ada")[:, : L - 1], Yf_tr[:, : L - 1], e.svm_max_samples, cfg.seed)
+    with torch.no_grad():
+        p_crf = crf.filtered(torch.as_tensor(cat(va, "ada")[:, : L - 1], dtype=torch.float32)).numpy()
+    crf_metrics = binary_metrics(p_crf.reshape(-1), Yf_va[:, : L - 1].reshape(-1), 0.5)
 
     common = {
         "model": cfg.model.name, "num_layers": L, "k": k, "base_weights_fingerprint":
@@ -247,12 +264,17 @@ def run(cfg) -> dict:
     if per_layer_t:
         card[THRESHOLDS] = thresholds
         card["threshold_selection"] = _selection_summary(e, layer_metrics, va, n_sel, L)
-    with atomic_dir(project_path(e.out_dir)) as tmp:
+    out_dir = bank_dir(cfg)
+    with atomic_dir(project_path(out_dir)) as tmp:
         bank.save(tmp, card)
     with atomic_dir(project_path(e.adainfer_out_dir)) as tmp:
         svm.save(tmp, {**common, "features": "[gap = p1 - p2, top_prob = p1] of the full LM head",
                        "classifier": "sklearn LinearSVC(C=1), one for all layers", **svm_info,
                        "held_out": svm_metrics})
+        crf.save(tmp, {**common, "features": "[gap = p1 - p2, top_prob = p1] of the full LM head, per layer",
+                       "classifier": "linear-chain CRF over layers 0..L-2 (labels continue/stop), maximum "
+                                     "likelihood by L-BFGS; decides online from the filtered P(stop | layers so far)",
+                       **crf_info, "held_out": crf_metrics})
     print(f"collected {common['collected_tokens']} tokens from {len(common['calibration_prompt_ids'])} prompts; "
           f"final token in draft top-{k}: {final_in_spec:.3f}")
     for r in layer_metrics:
@@ -264,8 +286,10 @@ def run(cfg) -> dict:
         print(f"per-layer thresholds (target precision {e.target_precision}, label {e.label}): "
               f"{card['threshold_selection']['report']}")
     print(f"AdaInfer SVM held-out: {svm_metrics}")
-    print(f"saved {e.out_dir} and {e.adainfer_out_dir}")
+    print(f"AdaInfer CRF held-out: {crf_metrics}")
+    print(f"saved {out_dir} and {e.adainfer_out_dir}")
     results.save(results.output_dir(), cfg, {"per_layer": layer_metrics, "adainfer_svm": svm_metrics,
+                                            "adainfer_crf": crf_metrics, "bank_dir": str(out_dir),
                                             "final_token_in_spec_share": final_in_spec})
     return card
 

@@ -30,8 +30,9 @@ def model_shape(model_cfg) -> Shape | None:
     from specee.models.loader import checkpoint_dir, resolve_device, shape_config
     resolve_device(model_cfg.device)
     if model_cfg.init == "random":
-        if model_cfg.path:
-            read_json(project_path(model_cfg.path) / "config.json",
+        from specee.models.loader import shape_file
+        if shape_file(model_cfg).name == "config.json":  # a checkpoint folder's shape, not a shipped one
+            read_json(shape_file(model_cfg),
                       "model.init=random reads the architecture from model.path's config.json")
         c = shape_config(model_cfg)
         return Shape(c.num_hidden_layers, c.hidden_size, c.vocab_size, getattr(c, "max_position_embeddings", None))
@@ -97,6 +98,8 @@ def preflight(cfg) -> None:
     facts = recipe(cfg)
     if not facts.loads_model:
         return
+    from specee.models.folders import check_folders
+    check_folders(cfg)  # every folder by name, all missing ones in one line, before any file is read
     shape = model_shape(cfg.model)
     if recipe_name(cfg) == "accuracy":
         _baseline(cfg)
@@ -130,8 +133,9 @@ def preflight(cfg) -> None:
                                                    ee.calibration),
                                ee.predictors_path)
     if uses_svm:
-        from specee.decoding.adainfer import AdaInferSVM
-        cards["AdaInfer classifier"] = (AdaInferSVM.load(project_path(ee.adainfer_path)).card, ee.adainfer_path)
+        from specee.decoding.adainfer import load_classifier
+        cards["AdaInfer classifier"] = (load_classifier(project_path(ee.adainfer_path), cfg.ablation.classifier).card,
+                                        ee.adainfer_path)
     _same_base(cards)
     if schedules:
         _profiles(cfg, shape.num_layers)
@@ -148,7 +152,8 @@ def _profiles(cfg, num_layers: int) -> None:
             preset = PROJECT_ROOT / "conf" / "placement" / f"{name}.yaml"
             offline |= preset.is_file() and bool(OmegaConf.load(preset).get("offline"))
     if offline:
-        load_profile(project_path(cfg.placement.profile_path), num_layers)
+        from specee.early_exit.standin import profile_dir
+        load_profile(profile_dir(cfg, cfg.placement), num_layers)
 
 
 def _baseline(cfg) -> None:

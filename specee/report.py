@@ -19,13 +19,16 @@ import seaborn as sns
 from specee.errors import SpeceeError  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-ABLATION_ORDER = ["dense", "pld", "hf_pld", "hf_self_spec", "adainfer", "eagle", "specee_t1", "specee_t1_t2",
-                  "specee_t1_t2_tuned", "specee_pld", "specee_full", "specee_full_tuned"]
+ABLATION_ORDER = ["dense", "pld", "hf_pld", "hf_self_spec", "adainfer", "adainfer_crf", "eagle", "specee_t1",
+                  "specee_t1_authors", "specee_t1_t2", "specee_t1_t2_authors", "specee_t1_t2_paper",
+                  "specee_t1_t2_tuned", "specee_pld", "specee_full", "specee_full_authors", "specee_full_tuned"]
 # The methods a user would pick instead of SpecEE (no training, or transformers' own).
 PEER_METHODS = ("pld", "hf_pld", "hf_self_spec", "specee_pld")
 # The paper's cumulative steps; a tuned option (calibration beyond the paper) sits beside its step.
-STAIRCASE = [("dense", "dense"), ("specee_t1", "T1"), ("specee_t1_t2", "T1+T2"), ("specee_t1_t2_tuned", "T1+T2 tuned"),
-             ("specee_full", "T1+T2+T3"), ("specee_full_tuned", "T1+T2+T3 tuned")]
+STAIRCASE = [("dense", "dense"), ("specee_t1", "T1"), ("specee_t1_authors", "T1 authors' bank"),
+             ("specee_t1_t2", "T1+T2"), ("specee_t1_t2_authors", "T1+T2 authors' bank"),
+             ("specee_t1_t2_tuned", "T1+T2 tuned"), ("specee_full", "T1+T2+T3"),
+             ("specee_full_authors", "T1+T2+T3 authors' bank"), ("specee_full_tuned", "T1+T2+T3 tuned")]
 
 
 class Skip(Exception):
@@ -483,6 +486,72 @@ def fig_verdicts(docs):
     return fig, verdicts.markdown(rows)
 
 
+def _set_label(doc) -> str:
+    """A speed result's prompt set: the dataset, with its Spec-Bench category when one was chosen."""
+    ds = doc["config"].get("dataset") or {}
+    cats = ds.get("categories") or []
+    return ds.get("name", "?") + (f":{','.join(cats)}" if cats else "")
+
+
+def fig_paper_beside(docs):
+    """Each measured row of a model the paper reports on, beside the paper's own figure for it
+    (specee/paper_figures.py; "not digitised" where the harness holds none). A row measured on
+    random weights says so: its speed is a cost on the real shape, its accuracy says nothing."""
+    from specee import paper_figures as pf
+    mine = [d for d in docs if d["config"]["model"]["name"] in pf.MODELS]
+    if not mine:
+        raise Skip(f"no results for a model the paper reports on ({', '.join(pf.MODELS)})")
+
+    def basis(d) -> str:
+        syn = d.get("synthetic") or {}
+        return "random weights: cost only" if "weights" in syn else ("synthetic: " + ", ".join(syn) if syn else "measured")
+    rows = []
+    for d in _by_kind(mine, "speed"):
+        m, name = d["metrics"], d["config"]["ablation"]["name"]
+        ci = m.get("speedup_vs_dense_ci")
+        rows.append(["speed", _set_label(d), name, pf.step(name),
+                     f"{m['speedup_vs_dense']:.3f}×" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""),
+                     pf.speed_figure(name),
+                     f"{m['avg_layers']:.1f} of {m.get('num_layers', '?')}" if m.get("avg_layers") else "–",
+                     pf.layers_figure(name), basis(d)])
+    acc = [d for d in mine if "accuracy" in d.get("metrics", {})]
+    dense_acc = {t: m for d in acc if d["config"]["ablation"]["name"] == "dense"
+                 for t, m in d["metrics"]["accuracy"].items()}
+    for d in acc:
+        name = d["config"]["ablation"]["name"]
+        for task, m in sorted(d["metrics"]["accuracy"].items()):
+            if m.get("lower_is_better"):
+                continue
+            v = 100 * m.get("accuracy", 0.0)
+            dv = dense_acc.get(task)
+            delta = f" ({v - 100 * dv['accuracy']:+.1f} vs dense)" if dv is not None and name != "dense" else ""
+            rows.append(["accuracy", task, name, pf.step(name), f"{v:.1f} %{delta}", pf.accuracy_figure(name),
+                         f"{m['mean_layers']:.1f}" if m.get("mean_layers") else "–", "–", basis(d)])
+    for d in _by_kind(mine, "stats"):
+        skew = d["metrics"].get("exit_distribution", {}).get("all", {}).get("skew_bottom_half_by_probability")
+        if skew is not None:
+            rows.append(["exit statistics", "exits in the lower-probability half", d["config"]["ablation"]["name"],
+                         "T1 (all layers)", f"{skew:.3f}", pf.SKEW, "–", "–", basis(d)])
+    if not rows:
+        raise Skip("no speed, accuracy or statistics results for a model the paper reports on")
+    cols = ["kind", "set / task", "ablation", "paper's step", "measured", "the paper's figure", "layers measured",
+            "layers (paper)", "basis"]
+    fig, ax = plt.subplots(figsize=(17, 1.6 + 0.36 * len(rows)))
+    ax.axis("off")
+    tab = ax.table(cellText=rows, colLabels=cols, loc="center", cellLoc="left")
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(6.5)
+    tab.scale(1, 1.4)
+    ax.set_title(f"Measured beside the paper's own figures ({pf.SOURCE})\n{_stamp(mine)}", fontsize=10)
+    md = ("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+          + "".join("| " + " | ".join(str(c) for c in r) + " |\n" for r in rows))
+    md += (f"\nThe paper's figures: {pf.SOURCE}, for Llama-2-7B. \"{pf.NOT_DIGITISED}\": the paper reports one (its "
+           "per-dataset bars, its accuracy table's per-task values) that is not recorded in this harness; no figure "
+           "is shown that was not checked. Rows on random weights (model.init=random) measure cost on the real "
+           "shape: set them beside the paper's speed, never its accuracy.\n")
+    return fig, md
+
+
 def fig_potential(docs):
     """experiment=potential: per model, the share of tokens each layer already predicts, and the
     ceilings on SpecEE's speedup here and on a named GPU (one row per model of a sweep)."""
@@ -742,17 +811,65 @@ def fig_which_method(docs):
     return fig, md
 
 
+def fig_gpu_paths(docs):
+    """Where a token's time goes on a GPU, per decoding path (eager; graphed with host exits;
+    graphed with exits decided on the device): each speed result's counted work priced for
+    Llama-2-7B, by part, against dense on the same path and the strongest dense path; measured
+    ms/token beside it where the result itself ran on a GPU."""
+    speed = [d for d in _by_kind(docs, "speed")
+             if "predicted_gpu_paths" in (d["metrics"].get("cost_model") or {})]
+    if not speed:
+        raise Skip("no speed results with per-path GPU pricing (experiment.cost_rounds=0 or older results)")
+    speed = sorted(speed, key=lambda d: _order([_name(d)])[0])
+    parts = ("layers", "lm_heads", "predictors", "draft", "host")
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    labels, bottoms = [], None
+    rows = []
+    for d in speed:
+        p = d["metrics"]["cost_model"]["predicted_gpu_paths"]["by_model"]["llama2_7b"]
+        for path, v in p["paths"].items():
+            labels.append(f"{_name(d)}\n{path.replace('_', ' ')}")
+            rows.append((d, path, v, p))
+    import numpy as np
+    bottoms = np.zeros(len(rows))
+    for part in parts:
+        vals = np.array([r[2]["us_per_token"][part] / 1e3 for r in rows])
+        ax.bar(range(len(rows)), vals, bottom=bottoms, label=part)
+        bottoms += vals
+    ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=6)
+    ax.set_ylabel("modelled ms per token, Llama-2-7B shape")
+    ax.set_title("Where a token's time goes on a GPU, per path (modelled; analytic A100)", fontsize=10)
+    ax.legend(fontsize=7)
+    method = speed[0]["metrics"]["cost_model"]["predicted_gpu_paths"]["method"]
+    md = ("| mode | path | modelled ms/token (7B) | of it host-side | × dense, same path | × strongest dense | "
+          "measured here |\n|---|---|---|---|---|---|---|\n")
+    for d, path, v, p in rows:
+        t = v["us_per_token"]
+        on_gpu = str(d.get("device", "")).startswith("cuda")
+        measured = f"{d['metrics']['ms_per_token']:.2f} ms/token ({_runtime(d)})" if on_gpu else "– (not a GPU run)"
+        md += (f"| {_name(d)} | {path.replace('_', ' ')} | {t['total'] / 1e3:.2f} | {t['host'] / 1e3:.2f} | "
+               f"{v['speedup_vs_dense_same_path']:.3f} | {v['speedup_vs_strongest_dense']:.3f} | {measured} |\n")
+    dense = speed[0]["metrics"]["cost_model"]["predicted_gpu_paths"]["by_model"]["llama2_7b"]["dense_us_per_token"]
+    md += (f"\nDense (modelled, 7B): eager {dense['eager'] / 1e3:.2f} ms/token, graphed {dense['graphed'] / 1e3:.2f} "
+           f"ms/token. Prices: {method}. Counts come from each run's own traces (depth rescaled to 32 "
+           "layers); the prices are stated floors, not GPU measurements — a GPU run's measured ms/token "
+           "stands beside them.\n")
+    return fig, md
+
+
 FIGURES = [
     ("Speedup per dataset and method", fig_speedup_per_category),
     ("Which method, here?", fig_which_method),
     ("Ablation staircase", fig_staircase),
     ("Measured against modelled speedup", fig_cost_model),
+    ("Where a token's time goes on a GPU, per path", fig_gpu_paths),
     ("Exit-layer distribution", fig_exit_distribution),
     ("Context similarity", fig_context_similarity),
     ("Predictor count and overhead", fig_overhead),
     ("Exits against the oracle", fig_exit_vs_oracle),
     ("Accuracy", fig_accuracy),
     ("Verdicts on the paper's claims", fig_verdicts),
+    ("Beside the paper's own figures", fig_paper_beside),
     ("Will SpecEE pay off here? (potential)", fig_potential),
     ("Eager vs compiled runtime", fig_runtime),
 ]

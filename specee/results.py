@@ -81,15 +81,25 @@ def synthetic_inputs(cfg) -> dict:
     """What in this run is not a trained model's behaviour, said in every result."""
     out = {}
     if cfg.model.get("init", "pretrained") == "random":
-        shape = cfg.model.path or f"specee/models/shapes/{cfg.model.name}.json"
+        from specee.models.loader import shape_file
+        src = shape_file(cfg.model)  # a checkpoint folder's config.json, else the shipped shape
+        shape = cfg.model.path if src.name == "config.json" else f"specee/models/shapes/{cfg.model.name}.json"
         out["weights"] = (f"random (model.init=random, shape from {shape}"
                           + (f", cut to {cfg.model.num_layers} layers" if cfg.model.num_layers else "") + ")")
         out["tokenizer"] = "tiny's tokenizer (prompt ids are a subset of the model's vocabulary)"
         from specee.decoding import modes
         spec = modes.of(cfg.ablation)
         out.update(spec.synthetic)
+        if spec.needs_adainfer:  # which classifier's shape stands in
+            out["adainfer_classifier"] = f"{out['adainfer_classifier']} ({cfg.ablation.get('classifier', 'svm')})"
         if spec.needs_draft and cfg.draft.get("vocab_size"):
             out["draft_vocab"] = f"the first {cfg.draft.vocab_size} token ids (no frequency table for random weights)"
+    from specee.decoding import modes
+    if modes.of(cfg.ablation).needs_bank:
+        from specee.early_exit.standin import profile_label
+        label = profile_label(cfg)
+        if label:
+            out["exit_profile"] = label
     replay = cfg.early_exit.get("replay")
     if replay:
         out["exits"] = f"replayed from {replay} (predictors and verification run, their outputs ignored)"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BANKS = {"_paper": "paper-recipe bank", "_tuned": "tuned bank"}
+BANKS = {"_paper": "paper-recipe bank", "_tuned": "tuned bank", "_authors": "the authors' released bank"}
 LOSS_BOUND = -1.0  # points of accuracy
 
 
@@ -89,7 +89,7 @@ def accuracy_rows(docs, paired_change) -> list[dict]:
             dense_ci = (100 * (dm["accuracy"] - 1.96 * se), 100 * (dm["accuracy"] + 1.96 * se))
             row["dense"] = f"{100 * dm['accuracy']:.1f} [{dense_ci[0]:.1f}, {dense_ci[1]:.1f}]"
             row["chance"] = None if chance is None else 100 * chance
-            if "accuracy_paper_denominator" in m:
+            if m.get("accuracy_paper_denominator") is not None:  # None: no item parsed
                 row["paper_figure"] = (f"{100 * m['accuracy_paper_denominator']:.1f} "
                                        f"(÷ {m['paper_denominator']} items; unparsed {100 * m['unparsed_share']:.1f} %)")
             if pc is None:
@@ -137,7 +137,7 @@ def speed_rows(docs) -> list[dict]:
     for d in speed:
         by.setdefault(d["config"]["ablation"]["name"], []).append(d)
     rows = []
-    for name in ("specee_t1_t2", "specee_t1_t2_tuned", "specee_t1_t2_paper"):
+    for name in ("specee_t1_t2", "specee_t1_t2_tuned", "specee_t1_t2_paper", "specee_t1_t2_authors"):
         for d in by.get(name, []):
             m = d["metrics"]
             ci = m.get("speedup_vs_dense_ci")

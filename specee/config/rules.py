@@ -32,6 +32,12 @@ def validate(cfg) -> None:
     if spec.tree == modes.TREE_ALWAYS and not tree:
         raise SpeceeError(f"ablation.mode={a.mode} is tree speculative decoding; set ablation.decoding=tree")
     check_peer_settings(cfg)
+    from specee.decoding.adainfer import CLASSIFIERS
+    if a.classifier not in CLASSIFIERS:
+        raise SpeceeError(f"ablation.classifier={a.classifier!r} is unknown; valid: {', '.join(CLASSIFIERS)}")
+    if a.classifier != "svm" and not spec.needs_adainfer:
+        raise SpeceeError(f"ablation.classifier={a.classifier} selects AdaInfer's exit classifier; ablation={a.name} "
+                          f"(mode {a.mode}) has none (use ablation=adainfer_crf)")
     if a.tree_select == "auto" and not tree:
         raise SpeceeError(f"ablation.tree_select=auto chooses a draft tree; ablation={a.name} decodes without one "
                           "(use eagle or a tree SpecEE ablation such as specee_full)")
@@ -57,7 +63,40 @@ def validate(cfg) -> None:
         raise SpeceeError(f"runtime={cfg.runtime.name} applies to experiment={', '.join(takes)}; training, "
                           "profiling and collection run on the eager reference (the main job runs its "
                           "compiled variants from experiment.runtime_variants)")
+    check_exit_control(cfg)
     check_tree(cfg)
+    if recipe_name(cfg) == "reproduce":
+        check_reproduce(cfg.experiment)
+
+
+def check_reproduce(e) -> None:
+    if e.bank not in ("trained", "authors", "auto"):
+        raise SpeceeError(f"experiment.bank={e.bank!r} is unknown; valid: trained, authors, auto")
+    for key in ("speed_overrides", "accuracy_overrides"):
+        bad = next((o for o in e[key] if "=" not in o or o.startswith(("-", "experiment=", "ablation="))), None)
+        if bad is not None:
+            raise SpeceeError(f"experiment.{key} has {bad!r}; give key=value overrides of the jobs' settings "
+                              "(their experiment= and ablation= are the preset's)")
+
+
+def check_exit_control(cfg) -> None:
+    """Exits decided on the device: the compiled runtime's static cache, autoregressive SpecEE."""
+    from specee.decoding import modes
+    r, a = cfg.runtime, cfg.ablation
+    if r.exit_control != "device":
+        return
+    if r.kind != "compiled":
+        raise SpeceeError(f"runtime.exit_control=device runs on the compiled runtime's static KV cache; "
+                          f"runtime={r.name} is {r.kind}: use runtime=compiled")
+    spec = modes.of(a)
+    if not (spec.needs_bank and spec.verified_exits):
+        raise SpeceeError(f"runtime.exit_control=device decides SpecEE's verified exits; ablation={a.name} "
+                          "has none (use runtime.exit_control=host)")
+    if spec.is_tree(a):
+        raise SpeceeError(f"runtime.exit_control=device is autoregressive SpecEE's walk; ablation={a.name} "
+                          "decodes a tree, whose exits (hyper-tokens merged over paths) are decided on the host, "
+                          "where a step's few round trips are shared by the tokens it accepts: use "
+                          "runtime.exit_control=host")
 
 
 def check_dataset(d) -> None:

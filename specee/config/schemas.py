@@ -45,6 +45,14 @@ class ModelConfig:
     # or model.path's config.json) with random weights, for cost measurements on real shapes.
     init: str = "pretrained"
     num_layers: Optional[int] = None  # model.init=random only: cut the layer count (CPU proofs)
+    # The folder holding this model's trained artifacts, each named after the model:
+    # <name>_draft, <name>_predictors[_paper|_tuned], <name>_exit_profile, <name>_adainfer. The
+    # paper's models keep theirs beside their checkpoints under paths.models; the shipped ones
+    # (tiny, smollm2_135m) under paths.artifacts.
+    artifacts: str = "${paths.artifacts}"
+    # The EAGLE draft tree this model's tree modes use unless the ablation names one
+    # (ablation.tree defaults to ${model.tree}): small (sized for tiny) | mc_sim_7b_63 (EAGLE's, 7B/13B)
+    tree: Any = "small"
 
 
 @dataclass
@@ -72,8 +80,8 @@ class EarlyExitConfig:
     # global: `threshold` at every layer (the paper's) | per_layer: the per-layer thresholds stored
     # with the predictors (trained with experiment.target_precision)
     calibration: str = "global"
-    predictors_path: str = "${paths.artifacts}/${model.name}_predictors"
-    adainfer_path: str = "${paths.artifacts}/${model.name}_adainfer"
+    predictors_path: str = "${model.artifacts}/${model.name}_predictors"
+    adainfer_path: str = "${model.artifacts}/${model.name}_adainfer"
 
 
 @dataclass
@@ -86,7 +94,8 @@ class PlacementConfig:
     n_history: int = 5  # N: exits remembered per request
     window: Optional[int] = None  # w; None = round(2 * num_layers / 32), at least 1
     reference_variant: bool = False  # history shared across requests, offsets {-w, 0, +w}
-    profile_path: str = "${paths.artifacts}/${model.name}_exit_profile"
+    # model.init=random without one: a paper-like synthetic profile stands in (labelled in results)
+    profile_path: str = "${model.artifacts}/${model.name}_exit_profile"
 
 
 @dataclass
@@ -96,7 +105,8 @@ class AblationConfig:
     # own generate, timed beside the harness's dense as peer baselines)
     mode: str = "dense"
     decoding: str = "autoregressive"  # autoregressive | tree  (specee only; eagle is always tree)
-    tree: Any = "small"  # small | mc_sim_7b_63 | root | list of paths (EAGLE choices)
+    # small | mc_sim_7b_63 | root | list of paths (EAGLE choices); the default: the model's own (model.tree)
+    tree: Any = "${model.tree}"
     mapping: str = "merged"  # independent | merged  (early exit inside the tree)
     # merged: an exit needs all hyper-tokens through the walk's last node to fire (all_paths), or
     # one of them (any_path)
@@ -120,6 +130,10 @@ class AblationConfig:
     # specee: where the speculative token set comes from. draft: the EAGLE head's top-k;
     # prompt_lookup: from the text so far when an n-gram matches (no draft cost), the head otherwise
     speculation: str = "draft"
+    # adainfer: the exit classifier over [gap, top_prob] of each layer's LM head, as AdaInfer's paper
+    # describes both: svm (one linear SVM, each layer on its own) | crf (a linear-chain CRF over the
+    # sequence of layers, deciding online from the layers so far); both from experiment=train_predictors
+    classifier: str = "svm"
 
 
 @dataclass
@@ -129,6 +143,10 @@ class RuntimeConfig:
     compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
     max_block: int = 64  # compiled: largest masked block (tree nodes) run by the compiled step
     cache_bucket: int = 0  # compiled: 0 = symbolic KV length (one graph); N = capacity rounded up to N's multiple
+    # compiled, autoregressive SpecEE: host = read each scheduled predictor's decision on the host (the
+    # authors' design) | device = decide every exit on the device (torch.cond), one host read per step;
+    # on a GPU the step is one CUDA graph with conditional nodes (torch >= 2.13, CUDA >= 12.4)
+    exit_control: str = "host"
 
 
 @dataclass
@@ -157,6 +175,10 @@ class SpeedExperiment:
     warmup: int = 1
     repeats: int = 1
     compare_hf_generate: bool = True
+    # transformers' own fast path timed beside the others: generate over a static cache with its decode
+    # forward compiled (CUDA graphs on a GPU). Off by default: compiling takes ~1 min on a CPU.
+    hf_static_compiled: bool = False
+    hf_static_compiled_backend: str = "inductor"  # torch.compile backend for it (eager: tracing only, for tests)
     # step: dense and the mode advance in turn, step by step, each step timed (paired against the
     # machine's drift); request: whole generations in alternating order
     interleave: str = "step"
@@ -203,7 +225,7 @@ class TrainBaseExperiment:
 class TrainDraftExperiment:
     facts: ClassVar[Recipe] = Recipe(loads_model=True)
     _target_: str = "experiments.train_draft.run"
-    out_dir: str = "${paths.artifacts}/${model.name}_draft"
+    out_dir: str = "${model.artifacts}/${model.name}_draft"
     max_tokens: int = 600_000  # base-model tokens to extract features for
     seq_len: int = 256
     extract_batch: int = 16
@@ -376,7 +398,7 @@ class ReproduceExperiment:
                                                                            "online_union"])
     accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
     accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa"])
-    accuracy_limit: int = 25
+    accuracy_limit: Optional[int] = 25  # null: every item (the paper's protocol)
     # Tasks scored over whole documents (every token a decode step for the early-exit modes), run
     # as their own job per ablation with their own item limit.
     # The default: TinyStories on 6 stories, its own job (SpecEE scores every token as a decode step,
@@ -387,6 +409,15 @@ class ReproduceExperiment:
     # the assistant), as their own job per ablation with accuracy_limit items.
     chat_tasks: list[str] = field(default_factory=list)
     report_dir: Optional[str] = None
+    # Which predictor bank the SpecEE steps (specee_t1, specee_t1_t2, specee_full) read: trained (the
+    # ablations as named, this harness's training) | authors (the SpecEE authors' released bank, their
+    # features and schedule: specee_*_authors) | auto (authors when their bank for this model is in
+    # paths.artifacts and model.init=pretrained, else trained)
+    bank: str = "trained"
+    # Extra overrides for every speed job and every accuracy job (e.g. experiment.cost_rounds=0 for a
+    # minimal run); each key=value as on the command line
+    speed_overrides: list[str] = field(default_factory=list)
+    accuracy_overrides: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -48,14 +48,16 @@ def load_parts(cfg, rt, spec, placement=None) -> Parts:
             check_trained_for(card, ee.predictors_path, rt.model, "predictors")
         parts.bank = bank.to(rt.device)  # float32: features are computed in float32
         placement = placement or cfg.placement
-        parts.schedule = build_schedule(placement, rt.num_layers, project_path(placement.profile_path))
+        from specee.early_exit.standin import profile_dir
+        parts.schedule = build_schedule(placement, rt.num_layers, profile_dir(cfg, placement))
         parts.replay = load_replay(ee.replay, rt.num_layers, cfg.seed)
     if spec.needs_adainfer:
-        from specee.decoding.adainfer import AdaInferSVM
+        from specee.decoding.adainfer import load_classifier, standin_classifier
+        kind = cfg.ablation.classifier
         if random_init:
-            parts.svm = AdaInferSVM([1.0, 1.0], -1.5, {"synthetic": "fixed random-init stand-in"})
+            parts.svm = standin_classifier(kind)
         else:
-            parts.svm = AdaInferSVM.load(project_path(ee.adainfer_path))
+            parts.svm = load_classifier(project_path(ee.adainfer_path), kind)
             check_trained_for(parts.svm.card, ee.adainfer_path, rt.model, "AdaInfer classifier")
     return parts
 

@@ -122,7 +122,7 @@ def bank_label(ablation) -> str | None:
     if s.needs_bank:
         return None
     if s.needs_adainfer:
-        return "AdaInfer SVM"
+        return "AdaInfer CRF" if _get(ablation, "classifier", "svm") == "crf" else "AdaInfer SVM"
     return "– (draft only)" if s.needs_draft else "–"
 
 
@@ -208,10 +208,10 @@ def _builtin() -> None:
                  shadow=True, speculation_options=("draft", "prompt_lookup"),
                  costs=CostCounts(draft_step_per_step=True), extra_metrics=_EXIT_METRICS + _ORACLE_METRICS,
                  synthetic={**_RANDOM_DRAFT, "predictors": "random weights of the predictors' shape"}),
-        ModeSpec("adainfer", "AdaInfer (per-layer SVM on gap and top probability)", _build_adainfer,
+        ModeSpec("adainfer", "AdaInfer (SVM or CRF over layers, on gap and top probability)", _build_adainfer,
                  needs_adainfer=True, lossless=False, early_exit=True,
                  costs=CostCounts(lm_head_per_predictor_call=True), extra_metrics=_EXIT_METRICS + _ORACLE_METRICS,
-                 synthetic={"adainfer_svm": "fixed stand-in coefficients"}),
+                 synthetic={"adainfer_classifier": "fixed stand-in coefficients"}),
         ModeSpec("eagle", "EAGLE tree speculative decoding", _build_eagle, tree=TREE_ALWAYS, needs_draft=True,
                  extra_metrics=_EXIT_METRICS, synthetic=dict(_RANDOM_DRAFT)),
         ModeSpec("pld", "prompt lookup decoding (the harness's)", _build_pld, peer="hf_pld",

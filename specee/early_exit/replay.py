@@ -46,6 +46,9 @@ class ExitReplay:
         doc = read_card(src, fix, what="exit profile or speed results.json")
         if "exit_counts" in doc:
             counts = doc["exit_counts"]
+            if cards.counts(counts):  # a synthetic profile (paper-like) rescales to any depth
+                from specee.early_exit.standin import fit_depth
+                counts = fit_depth(doc, num_layers)
             if not cards.counts(counts) or len(counts) != num_layers or sum(counts) <= 0:
                 n = len(counts) if isinstance(counts, list) else "no list of"
                 raise SpeceeError(f"early_exit.replay={path}: the profile has {n} layers and "

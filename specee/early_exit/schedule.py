@@ -140,6 +140,8 @@ def load_profile(folder: str | Path, num_layers: int) -> dict:
     counts = prof["exit_counts"]
     if not cards.counts(counts):
         raise SpeceeError(f"{path} is corrupt: exit_counts must be non-negative integers, one per layer; {fix}")
+    from specee.early_exit.standin import fit_depth
+    prof["exit_counts"] = counts = fit_depth(prof, num_layers)  # a synthetic profile rescales to any depth
     if len(counts) != num_layers:
         raise SpeceeError(f"the exit profile at {folder} has {len(counts)} layers, the model {num_layers}; {fix}")
     return prof

@@ -43,10 +43,8 @@ def checkpoint_dir(model_cfg) -> str:
     if not path.is_dir():
         if model_cfg.allow_hub:
             return str(model_cfg.path)  # a hub id, by explicit opt-in
-        from specee.models.fetch import SOURCES
-        fix = (f"fetch it first: python run.py experiment=fetch model={model_cfg.name} (same paths.models / "
-               "model.path)" if model_cfg.name in SOURCES else "point model.path at a local Hugging Face checkpoint")
-        raise SpeceeError(f"model.path={model_cfg.path} is not a directory ({path} does not exist); {fix}")
+        from specee.models.folders import missing_model_text
+        raise SpeceeError(missing_model_text(model_cfg, path))
     if not (path / "config.json").is_file():
         raise SpeceeError(f"model.path={path} has no config.json; is it a Hugging Face checkpoint folder?")
     weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
@@ -155,17 +153,26 @@ def check_trained_for(card: dict, path, model, what: str) -> None:
                           f"{want[:12]}…, this model {weights_fingerprint(model)[:12]}…); retrain it for this model")
 
 
+def shape_file(model_cfg) -> Path:
+    """Where ``model.init=random`` reads its architecture: model.path's config.json when that
+    folder exists (a local checkpoint's shape, weights not read), else the shipped
+    ``specee/models/shapes/<name>.json`` (model.path by name, no checkpoint there)."""
+    shipped = SHAPES / f"{model_cfg.name}.json"
+    if model_cfg.path and (project_path(model_cfg.path).exists() or not shipped.is_file()):
+        return project_path(model_cfg.path) / "config.json"
+    return shipped
+
+
 def shape_config(model_cfg):
     """The architecture config of ``model=<name> model.init=random``: the config.json of
     model.path when given (a local checkpoint's shape, weights not read), else the shipped
     ``specee/models/shapes/<name>.json``; ``model.num_layers`` cuts the layer count."""
     from transformers import AutoConfig
-    if model_cfg.path:
-        src = project_path(model_cfg.path) / "config.json"
+    src = shape_file(model_cfg)
+    if src.name == "config.json":
         if not src.is_file():
             raise SpeceeError(f"model.init=random with model.path={model_cfg.path}: no config.json there")
     else:
-        src = SHAPES / f"{model_cfg.name}.json"
         if not src.is_file():
             raise SpeceeError(f"model.init=random: no shipped shape for model={model_cfg.name}; shapes: "
                               f"{', '.join(sorted(p.stem for p in SHAPES.glob('*.json')))} (or give model.path "
