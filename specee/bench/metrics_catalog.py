@@ -48,6 +48,17 @@ TOP: tuple[Metric, ...] = (
     Metric("hf_generate_tokens_per_s", "tokens/s", "transformers' generate end to end (null when not timed)"),
     Metric("speedup_vs_hf_generate", "ratio", "the paper's speedup: end-to-end tokens/s against generate "
                                               "(null when not timed)"),
+    Metric("hf_static_compiled", "object", "transformers' fast path timed in the same job: generate over a "
+                                           "static cache with its decode forward compiled (CUDA graphs on a GPU): "
+                                           "tokens/s, identical share, compile seconds, graphs compiled while timed",
+           "experiment.hf_static_compiled"),
+    Metric("hf_static_compiled_tokens_per_s", "tokens/s", "that fast path end to end (null when not timed)"),
+    Metric("speedup_vs_hf_static_compiled", "ratio", "end-to-end tokens/s against that fast path (null when "
+                                                     "not timed)"),
+    Metric("strongest_dense_baseline", "object", "the fastest dense baseline timed in this job by end-to-end "
+                                                 "tokens/s (name, tokens_per_s) and every candidate: HF generate "
+                                                 "eager and static-compiled, this runtime's dense loop, eager dense"),
+    Metric("speedup_vs_strongest_dense", "ratio", "end-to-end tokens/s against strongest_dense_baseline"),
     # -- compiled runtime
     Metric("runtime", "object", "runtime kind, compiler fallback, warm-up and compile seconds, graphs "
                                 "compiled and CUDA graphs captured or skipped, in warm-up and while timed"),
@@ -60,6 +71,8 @@ TOP: tuple[Metric, ...] = (
     Metric("verify_calls_per_token", "calls/token", "full LM-head verifications per emitted token", "early-exit modes"),
     Metric("syncs_per_token", "syncs/token", "host reads of device values per token (each a GPU stall)",
            "early-exit modes"),
+    Metric("walk_syncs_per_token", "syncs/token", "host round trips inside the layer walk per token (0 with "
+           "runtime.exit_control=device); null for modes that do not record them", "early-exit modes"),
     Metric("exit_rate", "share 0-1", "steps that left the stack before the last layer", "early-exit modes"),
     Metric("fire_precision", "share 0-1", "verifications (fired predictors) that confirmed an exit; null "
                                           "under replay", "early-exit modes"),
@@ -151,6 +164,8 @@ SIDE: tuple[Metric, ...] = (
     Metric("avg_layers", "layers", "layers per token (num_layers)"),
     Metric("energy", "object", "energy of this side in its untimed window"),
     Metric("speedup_vs_hf_generate", "ratio", "end-to-end tokens/s against generate", "dense"),
+    Metric("speedup_vs_hf_static_compiled", "ratio", "end-to-end tokens/s against generate over a static "
+                                                     "cache, compiled", "dense"),
     Metric("speedup_vs_eager_dense", "ratio", "compiled dense against eager dense", "dense, runtime=compiled"),
     Metric("identical_to_runtime_dense_share", "share 0-1", "prompts where eager dense's tokens equal "
                                                             "the compiled runtime's", "eager_dense"),
