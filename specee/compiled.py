@@ -118,6 +118,10 @@ class StaticKVCache(LayerKVCache):
         super().keep(layer, start, index)
         self.length_ts[layer].fill_(self.lengths[layer])
 
+    def undo_append(self, layer: int, t: int) -> None:
+        super().undo_append(layer, t)
+        self.length_ts[layer].sub_(t)
+
     def advanced(self, layer: int, t: int) -> None:
         """The compiled step appended ``t`` entries to ``layer`` (and advanced its length tensor itself)."""
         self.lengths[layer] += t

@@ -99,6 +99,11 @@ class LayerKVCache:
         self.lengths = [min(n, length) for n in self.lengths]
         self.seq_len = min(self.seq_len, length)
 
+    def undo_append(self, layer: int, t: int) -> None:
+        """Forget the last ``t`` entries appended to ``layer`` (a layer run ahead of an exit; a timed
+        call): only the length drops, the entries beyond it are stale."""
+        self.lengths[layer] -= t
+
     def keep(self, layer: int, start: int, index: torch.Tensor) -> None:
         """Keep entries ``index`` (relative to ``start``) of ``layer``'s tail, compacting in place."""
         for store in (self.keys, self.values):
@@ -164,6 +169,7 @@ class LayerwiseLM:
     kind = "eager"
     fallback = None  # why a compiled runtime runs eagerly (None: it does not)
     exits_on_device = False  # the walk's exit decisions stay on the device (runtime.exit_control=device)
+    exit_control = "host"  # host | lookahead (see specee/early_exit/exits.py) | device (compiled only)
 
     def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> LayerKVCache:
         return LayerKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype,
@@ -305,7 +311,9 @@ def build_runtime(runtime_cfg, model) -> LayerwiseLM:
     (specee/compiled.py, imported only when asked for)."""
     kind = runtime_cfg.kind
     if kind == "eager":
-        return LayerwiseLM(model)
+        rt = LayerwiseLM(model)
+        rt.exit_control = getattr(runtime_cfg, "exit_control", "host")
+        return rt
     if kind == "compiled":
         from specee.compiled import CompiledLM
         return CompiledLM(model, runtime_cfg.compile_mode, runtime_cfg.max_block, runtime_cfg.cache_bucket,

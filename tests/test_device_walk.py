@@ -146,3 +146,22 @@ def test_exit_control_device_is_refused_where_it_cannot_run():
         assert "begin_capture_to_if_node" in conditional_nodes_problem("cuda")
         with pytest.raises(SpeceeError, match="use runtime.exit_control=host"):
             check_exit_control("device", "cuda")
+
+
+@pytest.mark.parametrize("runtime", ["eager", "compiled"])
+def test_lookahead_reads_decode_as_the_host_walk_and_count_the_layers_they_waste(tiny, runtime):
+    """runtime.exit_control=lookahead queues the next layer before reading a decision: the same
+    tokens and exits as reading first (the wasted layer's cache entry is taken back), one wasted
+    layer per exit taken at a layer with one above it."""
+    model, _ = tiny
+
+    def rt(control):
+        r = CompiledLM(model) if runtime == "compiled" else LayerwiseLM(model)
+        r.exit_control = control
+        return r
+    host = _decoder(rt("host")).generate(PROMPT, 20)
+    ahead = _decoder(rt("lookahead")).generate(PROMPT, 20)
+    _same(host, ahead)
+    exits = sum(t["exit_layer"] < 31 for t in ahead.trace)
+    assert exits > 0 and sum(t["wasted_layers"] for t in ahead.trace) == exits
+    assert all("wasted_layers" not in t for t in host.trace)

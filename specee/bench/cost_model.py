@@ -26,6 +26,7 @@ import torch
 # the host reads it does itself, so ``extra_syncs`` holds only the reads no unit contains.
 PRICED = (
     ("layer_steps", "layer"),
+    ("wasted_layers", "layer"),  # exit_control=lookahead: the layer queued behind a decision that exited
     ("tree_layer_steps", "tree_layer"),
     ("priced_lm_heads", "lm_head"),
     ("tree_lm_heads", "tree_lm_head"),
@@ -73,6 +74,8 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
         "steps": len(trace) / n,
         # AR: layers 0..exit run on a block of one token.
         "layer_steps": 0.0 if tree else s("layers") / n,
+        # lookahead reads: layers run ahead of a decision that exited (their work bought nothing)
+        "wasted_layers": s("wasted_layers") / n,
         # tree: layers 0..exit run on a block of `nodes` tokens with the tree mask.
         "tree_layer_steps": s("layers") / n if tree else 0.0,
         # full-vocab heads on one row: AR verify_calls + the final head when no exit; AdaInfer's
@@ -124,10 +127,7 @@ def _priced(c: dict) -> dict:
 
 def _undo_append(cache, layer: int, t: int) -> None:
     """Drop the ``t`` K/V entries a timed call appended to ``layer`` (host and device lengths)."""
-    cache.lengths[layer] -= t
-    length_ts = getattr(cache, "length_ts", None)
-    if length_ts is not None:
-        length_ts[layer].sub_(t)
+    cache.undo_append(layer, t)
 
 
 @torch.inference_mode()
@@ -459,7 +459,7 @@ def path_time_us(counts: dict, shape: dict, path: str, bandwidth_gb_s: float, sy
     b = a["bytes"]
     c = lambda key: counts.get(key, 0.0)  # noqa: E731
     heads = c("priced_lm_heads") + c("adainfer_probes") + c("tree_lm_heads")
-    layers = c("layer_steps") + c("tree_layer_steps")
+    layers = c("layer_steps") + c("tree_layer_steps") + c("wasted_layers")
     stream = {"layers": layers * b["layer"] / bw, "lm_heads": heads * b["lm_head"] / bw,
               "predictors": (c("priced_predictor_calls") * b["predictor"] + c("delta_probes") * b["probe"]) / bw,
               "draft": (c("draft_steps") + 4 * c("draft_trees")) * b["draft_step"] / bw}

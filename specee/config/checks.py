@@ -94,7 +94,7 @@ CHOICES: dict[type, dict[str, Any]] = {
                      "speculation": ("draft", "prompt_lookup"),
                      "mapping": owned("specee.decoding.tree", "MAPPINGS"),
                      "tree_exit_rule": owned("specee.decoding.tree", "EXIT_RULES")},
-    RuntimeConfig: {"kind": ("eager", "compiled"), "exit_control": ("host", "device"),
+    RuntimeConfig: {"kind": ("eager", "compiled"), "exit_control": ("host", "lookahead", "device"),
                     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")},
     TrainBaseExperiment: {"save_dtype": _DTYPES, "autocast_dtype": ("bfloat16", "float16")},
     TrainDraftExperiment: {"targets": ("dataset", "self")},

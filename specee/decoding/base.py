@@ -78,6 +78,25 @@ class PhaseTimer:
         self.syncs += 1
         return bool(x)
 
+    def start_read(self, x: torch.Tensor):
+        """Begin reading a device value without waiting: on CUDA a copy into pinned memory and an
+        event behind it, so the host can queue more work first; :meth:`finish_read` waits (the
+        sync, counted there). Off CUDA the value is already readable."""
+        if x.is_cuda:
+            buf = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            buf.copy_(x, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            return buf, event
+        return x, None
+
+    def finish_read(self, handle) -> bool:
+        buf, event = handle
+        if event is not None:
+            event.synchronize()
+        self.syncs += 1
+        return bool(buf)
+
     def host_list(self, x: torch.Tensor) -> list:
         self.syncs += 1
         return x.tolist()

@@ -64,38 +64,57 @@ def host_walk(rt, plan: ExitPlan, h, rope, cache, pos, timer, observe=None) -> E
     """The walk with a host branch after each scheduled predictor: run the stack; at a probe-only
     layer compute p (the next predictor's p_prev, as in training); at a scheduled layer ask the
     predictor (a device bool read on the host), and on a fire verify with one full LM head whose
-    argmax must be in the speculative set. ``observe(i, h)`` sees every layer (statistics)."""
+    argmax must be in the speculative set. ``observe(i, h)`` sees every layer (statistics).
+
+    With ``runtime.exit_control=lookahead`` the decision is read without waiting first: the next
+    layer is queued behind it, so on a GPU the read overlaps that layer instead of draining the
+    queue. An exit then wastes the queued layer (counted in ``wasted_layers``; its cache entry is
+    taken back, so decoding is the same as reading first)."""
     counts = {"pred_calls": 0, "verify_calls": 0, "delta_probes": 0}
     p_prev, spec_list, target = plan.p0, plan.spec_list, plan.target
     if spec_list is None:
         spec_list = timer.host_list(plan.spec)
+    lookahead = getattr(rt, "exit_control", "host") == "lookahead"
+    if lookahead:
+        counts["wasted_layers"] = 0
     walk = [e or p for e, p in zip(plan.eligible, plan.probe_only)]
     L = rt.num_layers
+    h = rt.run_layer(0, h, rope, cache, None, pos)
+    timer.lap("layers")
     for i in range(L):
-        h = rt.run_layer(i, h, rope, cache, None, pos)
-        timer.lap("layers")
+        ahead = None  # layer i+1's output, when it was queued before layer i's decision was read
         if observe is not None:
             observe(i, h)
-        if not walk[i]:
-            continue
-        if plan.probe_only[i]:  # layer l-1's p for the predictor at l, as in training
+        if walk[i] and plan.probe_only[i]:  # layer l-1's p for the predictor at l, as in training
             p_prev = torch.softmax(plan.probe.logits(h), -1)
             counts["delta_probes"] += 1
             timer.lap("predictors")
-            continue
-        decision, p_prev = rt.predict(plan.probe, plan.bank, i, h, p_prev)
-        counts["pred_calls"] += 1
-        fire = timer.host_bool(decision)
-        if target is not None:
-            fire = i >= target
-        timer.lap("predictors")
-        if not fire:
-            continue
-        counts["verify_calls"] += 1
-        normed = rt.norm(h)[0, 0]
-        cand = rt.lm_head(normed).argmax()
-        hit = timer.host_int(cand) in spec_list or target is not None
-        timer.lap("verification")
-        if hit:
-            return ExitValue(i, h, cand, normed, counts, spec_list=spec_list)
+        elif walk[i]:
+            decision, p_prev = rt.predict(plan.probe, plan.bank, i, h, p_prev)
+            counts["pred_calls"] += 1
+            if lookahead and i + 1 < L:
+                handle = timer.start_read(decision)
+                timer.lap("predictors")
+                ahead = rt.run_layer(i + 1, h, rope, cache, None, pos)
+                timer.lap("layers")
+                fire = timer.finish_read(handle)
+            else:
+                fire = timer.host_bool(decision)
+            if target is not None:
+                fire = i >= target
+            timer.lap("predictors")
+            if fire:
+                counts["verify_calls"] += 1
+                normed = rt.norm(h)[0, 0]
+                cand = rt.lm_head(normed).argmax()
+                hit = timer.host_int(cand) in spec_list or target is not None
+                timer.lap("verification")
+                if hit:
+                    if ahead is not None:  # the queued layer was wasted: take its entry back
+                        cache.undo_append(i + 1, 1)
+                        counts["wasted_layers"] += 1
+                    return ExitValue(i, h, cand, normed, counts, spec_list=spec_list)
+        if i + 1 < L:
+            h = ahead if ahead is not None else rt.run_layer(i + 1, h, rope, cache, None, pos)
+            timer.lap("layers")
     return ExitValue(L - 1, h, None, None, counts, spec_list=spec_list)
