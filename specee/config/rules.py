@@ -83,17 +83,17 @@ def check_exit_control(cfg) -> None:
     """Exits decided on the device: the compiled runtime's static cache, autoregressive SpecEE."""
     from specee.decoding import modes
     r, a = cfg.runtime, cfg.ablation
-    if r.exit_control != "device":
+    if r.exit_control == "host":
         return
-    if r.kind != "compiled":
+    if r.exit_control == "device" and r.kind != "compiled":
         raise SpeceeError(f"runtime.exit_control=device runs on the compiled runtime's static KV cache; "
                           f"runtime={r.name} is {r.kind}: use runtime=compiled")
     spec = modes.of(a)
     if not (spec.needs_bank and spec.verified_exits):
-        raise SpeceeError(f"runtime.exit_control=device decides SpecEE's verified exits; ablation={a.name} "
+        raise SpeceeError(f"runtime.exit_control={r.exit_control} decides SpecEE's verified exits; ablation={a.name} "
                           "has none (use runtime.exit_control=host)")
     if spec.is_tree(a):
-        raise SpeceeError(f"runtime.exit_control=device is autoregressive SpecEE's walk; ablation={a.name} "
+        raise SpeceeError(f"runtime.exit_control={r.exit_control} is autoregressive SpecEE's walk; ablation={a.name} "
                           "decodes a tree, whose exits (hyper-tokens merged over paths) are decided on the host, "
                           "where a step's few round trips are shared by the tokens it accepts: use "
                           "runtime.exit_control=host")

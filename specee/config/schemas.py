@@ -143,9 +143,10 @@ class RuntimeConfig:
     compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
     max_block: int = 64  # compiled: largest masked block (tree nodes) run by the compiled step
     cache_bucket: int = 0  # compiled: 0 = symbolic KV length (one graph); N = capacity rounded up to N's multiple
-    # compiled, autoregressive SpecEE: host = read each scheduled predictor's decision on the host (the
-    # authors' design) | device = decide every exit on the device (torch.cond), one host read per step;
-    # on a GPU the step is one CUDA graph with conditional nodes (torch >= 2.13, CUDA >= 12.4)
+    # autoregressive SpecEE's exits: host = read each scheduled predictor's decision, then go on (the
+    # authors' design) | lookahead = queue the next layer before reading it (the read overlaps that
+    # layer; an exit wastes it) | device = decide every exit on the device (torch.cond), one host read
+    # per step (compiled only; on a GPU one CUDA graph with conditional nodes: torch >= 2.13, CUDA >= 12.4)
     exit_control: str = "host"
 
 
