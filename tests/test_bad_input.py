@@ -10,6 +10,8 @@ import pytest
 from conftest import ROOT, run_cli
 from specee.config import safe_dirname
 
+FAST_TIER_SAMPLE = 3  # the fast tier runs one in 3 of this matrix's cases (tests/conftest.py)
+
 ART = ROOT / "specee" / "artifacts"
 
 

@@ -19,6 +19,8 @@ from specee.config import register
 from specee.errors import SpeceeError, one_line
 from specee.launch import check_config, compose_and_check, explain
 
+FAST_TIER_SAMPLE = 6  # the fast tier runs one in 6 of this matrix's cases (tests/conftest.py)
+
 ART = ROOT / "specee" / "artifacts"
 register()
 

@@ -27,6 +27,8 @@ from specee import config as C
 from specee.errors import SpeceeError, one_line
 from specee.launch import check_config, compose_and_check, explain
 
+FAST_TIER_SAMPLE = 8  # the fast tier runs one in 8 of this matrix's cases (tests/conftest.py)
+
 EXHAUSTIVE = os.environ.get("SPECEE_BAD_INPUT_EXHAUSTIVE") == "1"
 SEED = 24
 PER_FIELD = 3  # sampled bad values per field (the exhaustive mode takes all)

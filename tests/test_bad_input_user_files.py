@@ -11,6 +11,8 @@ import pytest
 
 from conftest import ROOT, run_cli
 
+FAST_TIER_SAMPLE = 4  # the fast tier runs one in 4 of this matrix's cases (tests/conftest.py)
+
 TINY = ROOT / "specee" / "artifacts" / "tiny"
 GOOD_ROW = {"prompt": "Once upon a time"}
 
