@@ -114,7 +114,7 @@ def _load_checkpoint(ckpt_dir, recipe: dict):
         return None
     try:
         state = json.loads((ckpt_dir / "progress.json").read_text())
-        blob = torch.load(ckpt_dir / "state.pt", weights_only=False)
+        blob = torch.load(ckpt_dir / "state.pt", weights_only=True)  # never runs code a checkpoint folder carries
         tokenizer = PreTrainedTokenizerFast.from_pretrained(ckpt_dir)
     except Exception as err:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
         raise SpeceeError(f"training checkpoint {ckpt_dir} is unreadable ({type(err).__name__}: {err}); "

@@ -54,7 +54,7 @@ def self_distillation_set(cfg, model, tokenizer) -> tuple[list[list[int]], dict]
     cache = project_path(e.checkpoint_dir) / f"distill_{digest}.pt"
     if cache.is_file():
         print(f"reusing the self-distillation set {cache}")
-        return torch.load(cache), files
+        return torch.load(cache, weights_only=True), files  # token lists only: nothing to run
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     pad = eos if pad is None else pad
     encoded = [tokenizer(format_conversation(cfg.model.chat_template, [(p, None)], tokenizer))["input_ids"]
@@ -166,7 +166,7 @@ def run(cfg) -> dict:
     state_path = project_path(e.checkpoint_dir) / \
         f"train_state_{hashlib.sha256(recipe.encode()).hexdigest()[:16]}.pt"
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=True)  # a resume point never runs code it carries
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         torch.set_rng_state(state["rng"])

@@ -125,7 +125,7 @@ def test_compiled_decoding_agrees_with_eager_on_tiny(tiny_runtimes, ablation):
         if j:
             compiles_after_first += compiled_graphs() - before
         assert gc.tokens == ge.tokens, (ablation, text)
-        assert gc.exit_layers == ge.exit_layers, (ablation, text)
+        assert gc.layers_run == ge.layers_run, (ablation, text)
     assert compiles_after_first == 0
 
 
@@ -189,4 +189,4 @@ def test_compiled_decoding_survives_cuda_graph_output_reuse(tiny_runtimes, ablat
     ids = tok(PROMPTS[0], return_tensors="pt").input_ids
     ge, gc = de.generate(ids, 12), dc.generate(ids, 12)
     assert outputs, "the compiled step never ran"
-    assert gc.tokens == ge.tokens and gc.exit_layers == ge.exit_layers
+    assert gc.tokens == ge.tokens and gc.layers_run == ge.layers_run

@@ -55,7 +55,7 @@ def test_every_decoder_makes_its_tensors_on_the_runtime_device(parts, name):
     ref = d.generate(ids, 16)
     with torch.device("meta"):
         got = d.generate(ids, 16)
-    assert got.tokens == ref.tokens and got.exit_layers == ref.exit_layers
+    assert got.tokens == ref.tokens and got.layers_run == ref.layers_run
     if hasattr(d, "score") and not (isinstance(d, TreeDecoder) and d.predictors is not None):
         cont = ref.tokens[:5]
         want = d.score(ids, cont)
@@ -90,7 +90,7 @@ def test_every_mode_goes_through_the_one_loop(parts):
         eos = full.tokens[3]
         stop = base.generate(d, prompt(), 20, eos_id=eos)
         assert stop.tokens == full.tokens[: full.tokens.index(eos) + 1], name
-        assert len(stop.token_s) == len(stop.tokens) == len(stop.exit_layers), name
+        assert len(stop.token_s) == len(stop.tokens) == len(stop.layers_run), name
 
 
 @pytest.mark.parametrize("name", ["adainfer/holes", "specee_t1/holes", "specee_t1_t2/propagate",
@@ -142,3 +142,12 @@ def test_noisy_reasons():
     assert noisy_reasons({**ok, "efficiency": 1.25}, "eagle", quiet, quiet, multi_token=True) == []
     busy = {"busy": True, "other_cpu_share": 0.9, "loadavg_1min": 3.1}
     assert "machine busy before" in noisy_reasons(ok, "specee", busy, quiet)[0]
+
+
+def test_every_trace_key_is_declared_on_the_typed_step_trace(parts):
+    """A step trace is typed (base.StepTrace): a key a decoder records is one its readers can look up."""
+    rt, draft, bank = parts
+    declared = set(base.StepTrace.__annotations__)
+    for name, d in decoders(rt, draft, bank).items():
+        for t in d.generate(prompt(), 12).trace:
+            assert set(t) <= declared, (name, sorted(set(t) - declared))

@@ -33,7 +33,7 @@ def _decoder(rt, kv_policy="holes", replay=None):
 
 
 def _same(a, b):
-    assert a.tokens == b.tokens and a.exit_layers == b.exit_layers
+    assert a.tokens == b.tokens and a.layers_run == b.layers_run
     for x, y in zip(a.trace, b.trace):
         for key in ("exit_layer", "pred_calls", "verify_calls", "delta_probes", "spec"):
             assert x[key] == y[key], key
@@ -47,7 +47,7 @@ def test_device_exits_decode_as_the_host_walk_with_no_round_trip_inside_it(tiny,
     device = _decoder(CompiledLM(model, exit_control="device"), kv_policy).generate(PROMPT, 20)
     _same(eager, host)
     _same(host, device)
-    assert len(set(device.exit_layers)) > 2  # exits at several depths, not only the full stack
+    assert len(set(device.layers_run)) > 2  # exits at several depths, not only the full stack
     assert all(t["walk_syncs"] == 0 for t in device.trace)
     assert sum(t["walk_syncs"] for t in host.trace) >= sum(t["pred_calls"] for t in host.trace)
     # The host reads a device step's outcome once (token, exit layer, verifications, speculative ids).

@@ -67,7 +67,7 @@ def test_never_firing_predictor_reproduces_dense_exactly(policy):
     for ids in prompts():
         gen = dec.generate(ids, 20)
         assert gen.tokens == DenseDecoder(rt).generate(ids, 20).tokens
-        assert gen.exit_layers[1:] == [rt.num_layers] * 19
+        assert gen.layers_run[1:] == [rt.num_layers] * 19
         assert all(t["verify_calls"] == 0 and t["pred_calls"] == rt.num_layers - 1 for t in gen.trace)
 
 
@@ -145,7 +145,7 @@ def test_specee_scoring_its_own_output_replays_the_decode(fire):
     for ids in prompts(3):
         gen = dec.generate(ids, 16)
         s = dec.score(ids, gen.tokens, exit_at_context_end=False)
-        assert s.greedy and s.layers == gen.exit_layers
+        assert s.greedy and s.layers == gen.layers_run
         if not fire:
             dense = DenseDecoder(rt).score(ids, gen.tokens)
             np.testing.assert_allclose(s.logprobs, dense.logprobs, rtol=1e-4, atol=1e-5)

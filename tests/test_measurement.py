@@ -25,7 +25,7 @@ def parts():
 
 
 def _same(a, b):
-    assert a.tokens == b.tokens and a.exit_layers == b.exit_layers
+    assert a.tokens == b.tokens and a.layers_run == b.layers_run
     strip = lambda tr: [{k: v for k, v in t.items() if not k.startswith("t_")} for t in tr]  # noqa: E731
     assert strip(a.trace) == strip(b.trace)
 
@@ -94,9 +94,9 @@ def test_main_job_times_hf_generate_beside_dense_only():
     from omegaconf import OmegaConf
 
     from experiments.reproduce import plan
-    from specee.config import Config, ReproduceExperiment
+    from specee.config import Config, ModelConfig, ReproduceExperiment
     cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
-    cfg.model = {"name": "tiny", "path": None}
+    cfg.model = OmegaConf.structured(ModelConfig(name="tiny"))
     jobs = dict(plan(cfg))
     off = "experiment.compare_hf_generate=false"
     assert off not in jobs["speed_dense"] and not any(n.endswith("_compiled") for n in jobs)

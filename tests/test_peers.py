@@ -120,7 +120,7 @@ def test_specee_pld_without_matches_is_specee_and_with_matches_skips_the_draft()
     never = PromptLookupSpecEEDecoder(rt, draft, bank, k=4, ngram_size=12)  # a 12-gram never recurs here
     ids = torch.arange(1, 9).view(1, -1)
     a, b = plain.generate(ids, 12), never.generate(ids, 12)
-    assert a.tokens == b.tokens and a.exit_layers == b.exit_layers
+    assert a.tokens == b.tokens and a.layers_run == b.layers_run
     assert all(t["spec_source"] == "draft" for t in b.trace)
     looked = PromptLookupSpecEEDecoder(rt, draft, bank, k=4, ngram_size=1)
     got = looked.generate(_repeated_prompt(0), 16)

@@ -177,9 +177,9 @@ def test_reproduce_plan_covers_the_ablations():
     from omegaconf import OmegaConf
 
     from experiments.reproduce import plan
-    from specee.config import Config, ReproduceExperiment
+    from specee.config import Config, ModelConfig, ReproduceExperiment
     cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
-    cfg.model = {"name": "tiny", "path": None}
+    cfg.model = OmegaConf.structured(ModelConfig(name="tiny"))
     names = [n for n, _ in plan(cfg)]
     # the default main job (cut to its time budget): the staircase, EAGLE and prompt lookup (ours, with
     # transformers' beside it in the same job)
@@ -218,11 +218,11 @@ def test_reproduce_plan_runs_perplexity_tasks_as_their_own_job_with_their_own_li
     from omegaconf import OmegaConf
 
     from experiments.reproduce import plan
-    from specee.config import Config, ReproduceExperiment
+    from specee.config import Config, ModelConfig, ReproduceExperiment
     cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment(
         accuracy_ablations=["dense", "specee_t1_t2_tuned"], accuracy_tasks=["piqa", "winogrande"], accuracy_limit=200,
         perplexity_tasks=["tinystories_ppl"], perplexity_limit=20)))
-    cfg.model = {"name": "smollm2_135m", "path": None}
+    cfg.model = OmegaConf.structured(ModelConfig(name="smollm2_135m"))
     jobs = {n: a for n, a in plan(cfg) if n.startswith("accuracy_")}
     assert list(jobs) == ["accuracy_dense", "accuracy_dense_perplexity", "accuracy_specee_t1_t2_tuned",
                           "accuracy_specee_t1_t2_tuned_perplexity"]

@@ -60,16 +60,16 @@ def test_replaying_a_recorded_trace_reproduces_the_tokens(parts, tmp_path, tree)
         (lambda r: SpecEEDecoder(rt, draft, bank, k=K, schedule=sched(), replay=r))
     real = {prompt_sha(ids): make(None).generate(ids, 30) for ids in prompts()}
     if not tree:
-        assert any(l < L for g in real.values() for l in g.exit_layers[1:]), "no exits to replay"
+        assert any(l < L for g in real.values() for l in g.layers_run[1:]), "no exits to replay"
     # A tree step's exit layer is shared by its tokens: its targets are per step, not per token.
-    per = (lambda g: [L] + [t["layers"] for t in g.trace]) if tree else (lambda g: g.exit_layers)  # noqa: E731
+    per = (lambda g: [L] + [t["layers"] for t in g.trace]) if tree else (lambda g: g.layers_run)  # noqa: E731
     rows = [{"prompt_sha": k, "exit_layers": per(g)} for k, g in real.items()]
     (tmp_path / "results.json").write_text(json.dumps({"prompts": rows}))
     replay = ExitReplay(str(tmp_path / "results.json"), L)
     for ids in prompts():
         again = make(replay).generate(ids, 30)
         assert again.tokens == real[prompt_sha(ids)].tokens
-        assert again.exit_layers == real[prompt_sha(ids)].exit_layers
+        assert again.layers_run == real[prompt_sha(ids)].layers_run
 
 
 def test_replay_refuses_what_does_not_fit(tmp_path):

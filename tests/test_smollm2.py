@@ -195,7 +195,7 @@ def test_device_exits_decode_as_the_host_walk_on_a_real_llm(smollm2):
         dec = SpecEEDecoder(rt, draft, bank, k=4)
         gens[name] = [dec.generate(_chat_ids(tok, text), 16, tok.eos_token_id) for text in PROMPTS]
     for e, h, d in zip(gens["eager"], gens["host"], gens["device"]):
-        assert e.tokens == h.tokens == d.tokens and h.exit_layers == d.exit_layers
+        assert e.tokens == h.tokens == d.tokens and h.layers_run == d.layers_run
         assert [t["verify_calls"] for t in h.trace] == [t["verify_calls"] for t in d.trace]
         assert all(t["walk_syncs"] == 0 for t in d.trace)
-    assert any(x < model.config.num_hidden_layers for g in gens["device"] for x in g.exit_layers[1:])
+    assert any(x < model.config.num_hidden_layers for g in gens["device"] for x in g.layers_run[1:])

@@ -166,7 +166,7 @@ def test_root_only_tree_is_autoregressive_specee(mapping, policy, bank):
     exits = 0
     for ids in prompts():
         a, t = ar.generate(ids, 20), tree.generate(ids, 20)
-        assert t.tokens == a.tokens and t.exit_layers == a.exit_layers
+        assert t.tokens == a.tokens and t.layers_run == a.layers_run
         for x, y in zip(a.trace, t.trace):
             assert (x["pred_calls"], x["verify_calls"]) == (y["pred_calls"], y["verify_calls"])
         exits += sum(tr["exit_layer"] < 7 for tr in t.trace)
@@ -278,6 +278,6 @@ def test_root_only_tree_is_autoregressive_specee_under_a_schedule(delta_from):
     tree = TreeDecoder(rt, draft, chain(0), bank=bank, schedule=sched, mapping="merged", k=K, delta_from=delta_from)
     for ids in prompts():
         a, t = ar.generate(ids, 20), tree.generate(ids, 20)
-        assert t.tokens == a.tokens and t.exit_layers == a.exit_layers
+        assert t.tokens == a.tokens and t.layers_run == a.layers_run
         assert [x["delta_probes"] for x in a.trace] == [y["delta_probes"] for y in t.trace]
     assert any(x["delta_probes"] for x in a.trace) == (delta_from == "previous_layer")

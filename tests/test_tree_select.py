@@ -78,7 +78,7 @@ def test_fired_rows_verification_decides_exactly_as_the_full_head(rule):
     full = TreeDecoder(rt, draft, "small", bank=bank, mapping="merged", exit_rule=rule)
     full.fired_rows_only = False  # the reference: every row of the tree's head at each verification
     a, b = merged.generate(ids, 16), full.generate(ids, 16)
-    assert a.tokens == b.tokens and a.exit_layers == b.exit_layers
+    assert a.tokens == b.tokens and a.layers_run == b.layers_run
     rows_a = sum(t["head_rows"] for t in a.trace)
     rows_b = sum(t["head_rows"] for t in b.trace)
     assert sum(t["verify_calls"] for t in a.trace) == sum(t["verify_calls"] for t in b.trace)

@@ -60,7 +60,7 @@ def oracle_gap(rt, inputs, gens, n: int, verified: bool = True) -> dict:
     used, oracle, wrong = [], [], 0
     for ids, g in zip(inputs[:n], gens[:n]):
         first, differs = own_oracle(rt, ids, g.tokens)
-        used += g.exit_layers[1:len(first) + 1]
+        used += g.layers_run[1:len(first) + 1]
         oracle += first
         wrong += sum(differs)
     gap = exit_gap(used, oracle, rt.num_layers)

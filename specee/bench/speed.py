@@ -150,7 +150,7 @@ def speed_metrics(gens: list[Generation], num_layers: int) -> dict:
     decode_s = sum(g.decode_s for g in gens)
     total_s = sum(g.prefill_s + g.decode_s for g in gens)
     lat = [t * 1e3 for g in gens for t in g.token_s[1:]]
-    layers = [l for g in gens for l in g.exit_layers[1:]]
+    layers = [l for g in gens for l in g.layers_run[1:]]
     return {
         "generated_tokens": sum(len(g.tokens) for g in gens),
         "tokens_per_s": sum(len(g.tokens) for g in gens) / total_s,

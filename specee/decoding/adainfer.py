@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from specee.cards import read_card
-from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits, walk_layers
+from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits
 from specee.early_exit.features import adainfer_features
 from specee.early_exit.kv_policy import fill_skipped
 from specee.errors import SpeceeError
@@ -229,7 +229,7 @@ class AdaInferDecoder(LoopDecoder):
             timer.lap("predictors")
             return logits if fire else None
 
-        exit_layer, h, logits = walk_layers(rt, h, rope, cache, pos, None, self.eligible, exit_test, timer)
+        exit_layer, h, logits = rt.walk(h, rope, cache, pos, None, self.eligible, exit_test, timer)
         if logits is None:
             logits = rt.logits(h)[0, 0]
             timer.lap("layers")

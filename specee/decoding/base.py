@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypedDict
 
 import torch
 
@@ -114,11 +114,41 @@ class PhaseTimer:
                 "t_draft": p["draft"], "t_other": p["other"], "syncs": self.syncs}
 
 
+class StepTrace(TypedDict, total=False):
+    """What a step records (early-exit, tree and lookup modes): the keys every reader of a trace
+    may rely on, and what each means. Counts are per step; times in seconds (PhaseTimer.trace)."""
+    exit_layer: int  # 0-based layer the step's tokens left the stack at (L-1: the full stack)
+    layers: int  # layers run (exit_layer + 1)
+    pred_calls: int  # predictor evaluations
+    verify_calls: int  # full LM-head verifications (fired predictors)
+    delta_probes: int  # reduced-head probes computed only as the next predictor's p_prev
+    walk_syncs: int  # host round trips inside the layer walk (0 with exits decided on the device)
+    wasted_layers: int  # exit_control=lookahead: layers queued behind a decision that exited
+    syncs: int  # host reads of device values in the whole step
+    spec: list  # the speculative token ids (autoregressive SpecEE)
+    spec_source: str  # prompt | draft (SpecEE with prompt-lookup speculation)
+    draft_calls: int  # draft-head proposals this step (prompt lookup: 0 when the prompt served)
+    replay_target: int  # early_exit.replay: the layer the replay asked for
+    shadow_exit_layer: int  # shadow mode: where the all-layers policy would have exited
+    nodes: int  # tree / block: tokens verified in this step's forward
+    accepted: int  # tokens a verification accepted, bonus included (tau)
+    walk_ranks: list  # tree: the draft rank of each accepted node below the root
+    emitted: int  # tokens the step emitted within the budget (multi-token modes)
+    head_rows: int  # LM-head rows computed (tree verification)
+    proposed: int  # prompt lookup: tokens proposed
+    matched: bool  # prompt lookup: an n-gram matched
+    t_layers: float
+    t_pred: float
+    t_verify: float
+    t_draft: float
+    t_other: float
+
+
 @dataclass
 class Step:
     tokens: list[int]  # emitted by this step, in order (autoregressive: one; tree: walk + bonus)
     exit_layer: int  # 0-based layer the step's tokens left the stack at (L-1: the full stack)
-    trace: dict | None = None  # early-exit modes: counters and phase times
+    trace: StepTrace | None = None  # early-exit modes: counters and phase times
 
 
 class Decoder(Protocol):
@@ -135,8 +165,8 @@ class Generation:
     tokens: list[int]
     prefill_s: float
     token_s: list[float]  # wall time of each generated token (the first one comes from prefill)
-    exit_layers: list[int]  # decoder layers executed for each generated token (dense: all)
-    trace: list[dict] = field(default_factory=list)  # per-step details of early-exit modes
+    layers_run: list[int]  # decoder layers run for each generated token (dense: all; a step's exit_layer + 1)
+    trace: list[StepTrace] = field(default_factory=list)  # per-step details of early-exit modes
 
     @property
     def decode_s(self) -> float:

@@ -158,7 +158,7 @@ class SpeceeLM(LM):
             for stop in until:  # cut at the earliest stop string
                 if stop:
                     text = text.split(stop)[0]
-            self._record(req, gen.exit_layers, cut)
+            self._record(req, gen.layers_run, cut)
             out.append(text)
         return out
 
