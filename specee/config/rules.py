@@ -25,6 +25,8 @@ def validate(cfg) -> None:
     if cfg.early_exit.replay and not spec.needs_bank:
         raise SpeceeError(f"early_exit.replay replays SpecEE exit decisions; ablation={a.name} "
                           "has none (use specee_t1, specee_t1_t2 or specee_full)")
+    if a.decoding == "tree" and spec.tree == modes.TREE_NEVER and (spec.costs.block_cost or spec.speed_only):
+        raise SpeceeError(f"ablation.mode={a.mode} verifies one proposal per step; set ablation.decoding=autoregressive")
     if a.decoding == "tree" and spec.tree == modes.TREE_NEVER:
         raise SpeceeError(f"ablation.decoding=tree needs a draft-tree mode ("
                           f"{', '.join(n for n in modes.names() if modes.spec(n).tree != modes.TREE_NEVER)}), "
