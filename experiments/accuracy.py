@@ -39,9 +39,12 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
 
     e = cfg.experiment
     lm.records.clear()
+    loaded = _capture_tasks(tm)  # the task objects lm-eval builds: their declared labels, all items
     t0 = time.perf_counter()
     from jinja2.exceptions import TemplateError
     try:
+        # num_fewshot None: each task keeps its own (lm-eval's "Overwriting default num_fewshot"
+        # happens only for a number the user gave).
         out = simple_evaluate(model=lm, tasks=names, task_manager=tm, num_fewshot=e.num_fewshot,
                               apply_chat_template=bool(e.chat_template),
                               limit=e.limit, log_samples=True, random_seed=cfg.seed,
@@ -65,18 +68,47 @@ def evaluate(cfg, lm, names: list[str], tm) -> tuple[dict, dict, float]:
         metrics[name] = {"accuracy": m[primary], "accuracy_stderr": m.get(_key(f"{metric}_stderr", filt)),
                          "primary_metric": primary,
                          "lower_is_better": registry.lower_is_better(name, primary, e.task_source), **m, "n": n["effective"], "n_available": n["original"],
-                         "num_fewshot": e.num_fewshot, **stats.get(name, {})}
+                         **stats.get(name, {})}
         samples[name] = [{**s, "specee": per_doc.get((name, s["doc_id"]), [])} for s in out["samples"][name]]
         task_cfg = out.get("configs", {}).get(name, {})
+        metrics[name]["num_fewshot"] = fewshot_used(task_cfg, out, name, e.num_fewshot)
         metrics[name]["chance"] = _chance(task_cfg, samples[name])  # what guessing scores: a verdict's floor
         if task_cfg.get("output_type") == "generate_until" and metric == "exact_match":
             meta = task_cfg.get("metadata") or {}
-            metrics[name].update(answer_figures.figures(samples[name], metric, meta, cfg.ablation.mode))
-            if metrics[name]["chance"] is None and meta.get("answer_labels"):  # declared, not seen in a sample
-                metrics[name]["chance"] = 1 / len(meta["answer_labels"])
+            own = answer_figures.task_labels(loaded[name]) if name in loaded else {}
+            figs = answer_figures.figures(samples[name], metric, meta, cfg.ablation.mode, own.get("labels"))
+            if own.get("labels_from"):
+                figs["answer_labels_from"] = own["labels_from"]
+            chance = metrics[name]["chance"]
+            metrics[name].update(figs)
+            # declared chance, else the task's own label set (all its items), else the evaluated golds'
+            metrics[name]["chance"] = next((c for c in (chance, own.get("chance"), figs["chance"]) if c is not None),
+                                           None)
             if meta.get("protocol"):  # a template changes the prompt: a different protocol, named so
                 metrics[name]["protocol"] = meta["protocol"] + ("+chat_template" if e.chat_template else "")
     return metrics, samples, seconds
+
+
+def _capture_tasks(tm) -> dict:
+    """Keep the task objects ``simple_evaluate`` loads through ``tm`` (their datasets are read once)."""
+    loaded = {}
+    load = getattr(tm, "_specee_load", None) or tm.load
+
+    def capture(*args, **kwargs):
+        res = load(*args, **kwargs)
+        loaded.update((res or {}).get("tasks", {}) if isinstance(res, dict) else {})
+        return res
+    tm._specee_load, tm.load = load, capture
+    return loaded
+
+
+def fewshot_used(task_cfg: dict, out: dict, name: str, asked: int | None) -> int | None:
+    """The shots lm-eval actually put before each item: its resolved task config (the task's own
+    unless the user gave a number; a task fixing 0 keeps 0)."""
+    for v in (task_cfg.get("num_fewshot"), (out.get("n-shot") or {}).get(name)):
+        if isinstance(v, int):
+            return v
+    return asked
 
 
 def _chance(task_cfg: dict, rows: list[dict]) -> float | None:
@@ -177,7 +209,8 @@ def run(cfg) -> dict:
     if e.chat_template and not getattr(tokenizer, "chat_template", None):
         raise SpeceeError(f"experiment.chat_template=true, but the tokenizer of {cfg.model.name} carries no chat "
                           f"template; set experiment.chat_template=false (plain-text prompts)")
-    lm = SpeceeLM(build_decoder(cfg, rt), tokenizer, e.max_gen_tokens, e.max_length, e.on_overflow)
+    lm = SpeceeLM(build_decoder(cfg, rt), tokenizer, e.max_gen_tokens, e.max_length, e.on_overflow,
+                  prefix_reuse=e.prefix_reuse)
     metrics, samples, seconds = evaluate(cfg, lm, names, tm)
     seconds = [seconds]
     if (overlap := calibration_overlap(cfg, samples)) is not None:
@@ -185,7 +218,10 @@ def run(cfg) -> dict:
         if overlap:
             print(f"warning: {overlap} evaluated gsm8k items were calibration prompts of the predictors")
 
-    settings = {"limit": e.limit, "num_fewshot": e.num_fewshot, "fewshot_pool": FEWSHOT_POOL,
+    used = sorted({m.get("num_fewshot") for m in metrics.values()}, key=str)
+    # One number where every task ran with it (the drift baselines' form), else per task.
+    fewshot = used[0] if len(used) == 1 else {t: m.get("num_fewshot") for t, m in metrics.items()}
+    settings = {"limit": e.limit, "num_fewshot": fewshot, "fewshot_pool": FEWSHOT_POOL,
                 "chat_template": bool(e.chat_template),
                 "task_source": e.task_source, "include_path": str(include) if include else None,
                 "seed": cfg.seed, "max_gen_tokens": e.max_gen_tokens, "max_length": lm.max_length,
@@ -215,6 +251,8 @@ def run(cfg) -> dict:
     extra["items"] = per_item(metrics, samples)
     m = {"accuracy": metrics, "num_layers": rt.num_layers, "mode": cfg.ablation.mode,
          "eval_seconds": seconds}
+    if lm.prefix is not None:  # how much prompt prefill the shared prefixes saved
+        m["prefix_reuse"] = {"reused_tokens": lm.prefix.reused_tokens, "prefilled_tokens": lm.prefix.prefilled_tokens}
     path = results.save(out, cfg, m, extra)
     for name, t in metrics.items():
         print(f"{cfg.ablation.name} {name}: accuracy {t['accuracy']:.3f} +- {t['accuracy_stderr'] or 0:.3f} "

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+from specee import verdicts
 from specee.errors import SpeceeError
 from specee.io import PROJECT_ROOT, project_path
 from specee.report import build_report
@@ -18,7 +19,9 @@ def run(cfg):
     if not root.is_dir():
         load_results(root)  # its one line for a sweep folder that is not there
     whole, broken = read_sweep(root)  # a broken results.json is listed, the whole ones still reported
-    docs = [d for _, d in whole]
+    # Per-item accuracy records of an earlier report (its items/ folder copied into the sweep) pair
+    # with this sweep's rows as if their runs were here (specee/verdicts.py).
+    docs = verdicts.with_item_records([d for _, d in whole], root)
     for path, why in broken:
         print(f"  skipped {path}: {why}")
     if not docs:
@@ -29,6 +32,9 @@ def run(cfg):
         names = [str(p.relative_to(root)) for p, _ in broken]
         source += f" ({len(broken)} broken results.json skipped: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
     info = build_report(docs, out, source)
+    records = verdicts.write_item_records(docs, out)  # a committed report keeps what its rows rest on
+    if records:
+        print(f"per-item records: {len(records)} files under {out / verdicts.ITEMS}")
     print(f"report: {info['pdf']} ({len(info['pages'])} pages: {', '.join(info['pages'])})")
     for title, why in info["skipped"]:
         print(f"  skipped {title}: {why}")

@@ -122,6 +122,13 @@ class StaticKVCache(LayerKVCache):
         super().undo_append(layer, t)
         self.length_ts[layer].sub_(t)
 
+    def load_prefix(self, keys: list, values: list, n: int) -> None:
+        """As :meth:`LayerKVCache.load_prefix`, written into the static buffers, with the device-side
+        lengths the compiled step reads."""
+        super().load_prefix(keys, values, n)
+        for i, t in enumerate(self.length_ts):
+            t.fill_(self.lengths[i])
+
     def advanced(self, layer: int, t: int) -> None:
         """The compiled step appended ``t`` entries to ``layer`` (and advanced its length tensor itself)."""
         self.lengths[layer] += t

@@ -471,15 +471,17 @@ def fig_verdicts(docs):
         raise Skip("no results that test a claim of the paper (accuracy against dense, stats, speed)")
     fig, ax = plt.subplots(figsize=(16, 1.6 + 0.42 * len(rows)))
     ax.axis("off")
-    cols = ["claim", "task / model", "protocol", "mode", "bank", "figure [95% CI]", "verdict"]
-    cells = [[r["claim"], r["task"], r["protocol"], r["mode"], r["bank"], r["figure"], r["verdict"]] for r in rows]
+    # Which model, protocol and bank (with its folder) each row rests on, and why a row is not testable.
+    cols = ["claim", "model", "task", "protocol", "mode", "bank (folder)", "figure [95% CI]", "verdict"]
+    cells = [[r["claim"], r.get("model", "?"), r["task"], r["protocol"], r["mode"], verdicts.bank_text(r).replace("`", ""),
+              r["figure"], r["verdict"] + (f"\n({r['why']})" if r.get("why") else "")] for r in rows]
     tab = ax.table(cellText=cells, colLabels=cols, loc="center", cellLoc="left")
     tab.auto_set_font_size(False)
-    tab.set_fontsize(7)
-    tab.scale(1, 1.5)
+    tab.set_fontsize(6)
+    tab.scale(1, 1.8)
     colour = {"confirmed": "#d9f2d9", "refuted": "#f7d4d4", "inconclusive": "#fff2cc"}
     for i, r in enumerate(rows, 1):
-        tab[i, 6].set_facecolor(colour.get(r["verdict"], "#e6e6e6"))
+        tab[i, 7].set_facecolor(colour.get(r["verdict"], "#e6e6e6"))
     n = verdicts.counts(rows)
     ax.set_title("Verdict per claim of the paper, per protocol and predictor bank "
                  f"({', '.join(f'{v} {k}' for k, v in sorted(n.items()))})\n{_stamp(docs)}", fontsize=10)

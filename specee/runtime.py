@@ -115,6 +115,32 @@ class LayerKVCache:
         """Layers that lack entries for some accepted position (skipped by an early exit)."""
         return [i for i, n in enumerate(self.lengths) if n < self.seq_len]
 
+    # -- a shared prompt prefix (specee/evaluation/prefix.py) ------------------------------------
+    def export_prefix(self, n: int) -> tuple[list, list]:
+        """Copies of every layer's first ``n`` entries: a prompt prefix another request may start
+        from. Copies, because this cache's buffers are reused or rewritten after its request."""
+        if any(length < n for length in self.lengths):
+            raise SpeceeError(f"cannot export a {n}-token prefix: some layer holds fewer entries")
+        return ([k[:, :, :n].clone() for k in self.keys[:self.num_layers]],
+                [v[:, :, :n].clone() for v in self.values[:self.num_layers]])
+
+    def load_prefix(self, keys: list, values: list, n: int) -> None:
+        """Start this empty cache with the first ``n`` entries of ``keys`` / ``values`` (from
+        :meth:`export_prefix` of a request whose prompt began with the same ``n`` tokens): the K/V a
+        prefill of those tokens would have written, so only the rest of the prompt is run."""
+        if self.seq_len or any(self.lengths):
+            raise SpeceeError("a prompt prefix can only start an empty cache")
+        for i in range(self.num_layers):
+            k, v = keys[i][:, :, :n], values[i][:, :, :n]
+            if self.concat_limits is not None and n <= self.concat_limits[i]:
+                self.keys[i], self.values[i] = k.clone(), v.clone()  # what a concatenation would hold
+            else:
+                self._ensure(i, n)
+                self.keys[i][:, :, :n] = k
+                self.values[i][:, :, :n] = v
+            self.lengths[i] = n
+        self.seq_len = n
+
 
 @dataclass
 class ModelParts:

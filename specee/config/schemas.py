@@ -428,7 +428,9 @@ class AccuracyExperiment:
     _target_: str = "experiments.accuracy.run"
     tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "arc_easy", "copa"])
     limit: Optional[int] = 50  # items per task, the first after the few-shot pool (None = all)
-    num_fewshot: int = 0
+    # Shots per item; None = each task's own (its YAML's num_fewshot, else 0). A number overrides
+    # every task's, except where a task fixes 0 (lm-eval keeps it).
+    num_fewshot: Optional[int] = None
     max_gen_tokens: int = 128  # generative tasks, unless a task YAML sets max_gen_toks
     max_length: Optional[int] = None  # token budget per request; None = the model's positions
     on_overflow: str = "truncate"  # truncate (context from the left, counted) | error
@@ -441,6 +443,9 @@ class AccuracyExperiment:
     # Wrap every request in the tokenizer's own chat template (lm-eval's apply_chat_template): an
     # instruct model then answers as the assistant. Off: plain-text prompts (the model cards' setting).
     chat_template: bool = False
+    # Prefill the prompt prefix consecutive requests share (the paper protocol's five shots) once and
+    # copy its K/V into each request: the same outputs and scores, faster. false: every prompt whole.
+    prefix_reuse: bool = True
 
 
 @dataclass

@@ -9,8 +9,11 @@ their script would print for this mode (``metadata.paper_denominator``: ``dense`
 -> ``all`` | ``parsed``).
 
 The valid labels are the task's ``metadata.answer_labels``; a task without them (a user's own)
-uses the distinct gold answers when there are at most ``MAX_LABELS`` (a label set), else an answer
-counts as parsed when it is not empty and not the parser's ``N/A``.
+takes them from the task itself (:func:`task_labels`): its ``doc_to_choice`` over all its items, else
+the distinct gold answers of all its items — never only of the items ``experiment.limit`` kept, which
+would make a four-option task's "D" unparsed when the first 60 golds hold only A-C — when there are
+at most ``MAX_LABELS`` (a label set); otherwise an answer counts as parsed when it is not empty and
+not the parser's ``N/A``. Chance follows from the label set where the task declares none.
 """
 from __future__ import annotations
 
@@ -32,16 +35,54 @@ def _gold(sample) -> str:
     return str(t[0] if isinstance(t, (list, tuple)) and t else t).strip()
 
 
-def figures(samples: list[dict], metric: str, metadata: dict, mode: str) -> dict:
+def _unique(values) -> list[str]:
+    return list(dict.fromkeys(str(v).strip() for v in values))
+
+
+def task_labels(task) -> dict:
+    """What a loaded lm-eval task declares about its answers, read over *all* its evaluation items:
+    ``labels`` (``metadata.answer_labels``; else the union of ``doc_to_choice``; else the distinct
+    gold answers; None beyond ``MAX_LABELS``), where they came from, and ``chance`` (the declared
+    ``metadata.chance``; else the mean of 1 / choices per item; else 1 / labels)."""
+    cfg = task.config
+    meta = cfg.metadata or {}
+    out = {"labels": None, "labels_from": None, "chance": meta.get("chance")}
+    if meta.get("answer_labels"):
+        out.update(labels=_unique(meta["answer_labels"]), labels_from="metadata.answer_labels")
+    else:
+        docs = list(task.eval_docs)
+        if cfg.doc_to_choice is not None:
+            per = [_unique(task.doc_to_choice(d)) for d in docs]
+            union = _unique(c for cs in per for c in cs)
+            out.update(labels=union if len(union) <= MAX_LABELS else None, labels_from="doc_to_choice")
+            if out["chance"] is None and per:
+                out["chance"] = sum(1 / max(len(cs), 1) for cs in per) / len(per)
+        else:
+            golds = []
+            for d in docs:
+                t = task.doc_to_target(d)
+                golds += list(t) if isinstance(t, (list, tuple)) else [t]
+            union = sorted(_unique(golds))
+            out.update(labels=union if len(union) <= MAX_LABELS else None,
+                       labels_from=f"the gold answers of all {len(docs)} items")
+    if out["chance"] is None and out["labels"]:
+        out["chance"] = 1 / len(out["labels"])
+    out["chance"] = None if out["chance"] is None else float(out["chance"])
+    return out
+
+
+def figures(samples: list[dict], metric: str, metadata: dict, mode: str, labels: list | None = None) -> dict:
     """The three figures (and their parts) for one task's per-sample log. ``metric`` is the
-    per-sample correctness key (lm-eval's ``exact_match``); ``mode`` the decoding mode."""
+    per-sample correctness key (lm-eval's ``exact_match``); ``mode`` the decoding mode; ``labels``
+    the task's own label set (:func:`task_labels`) where its metadata declares none. Without either,
+    the distinct gold answers of the samples stand in (only the items evaluated)."""
     if not samples:
         raise SpeceeError("a generative task produced no samples; nothing to score")
-    labels = metadata.get("answer_labels")
+    labels = metadata.get("answer_labels") or labels
     if labels is None:
         golds = {_gold(s) for s in samples}
         labels = sorted(golds) if len(golds) <= MAX_LABELS else None
-    labels = None if labels is None else {str(x) for x in labels}
+    labels = None if labels is None else {str(x).strip() for x in labels}
     n = len(samples)
     correct = [float(s.get(metric, 0.0)) >= 1.0 for s in samples]
     parsed = [(_answer(s) in labels) if labels is not None else (_answer(s) not in _NOT_PARSED)
@@ -59,4 +100,5 @@ def figures(samples: list[dict], metric: str, metadata: dict, mode: str) -> dict
             "paper_denominator": which,
             "parsed_items": n_parsed, "unparsed_share": 1 - n_parsed / n,
             "answer_labels": sorted(labels) if labels is not None else None,
-            "chance": metadata.get("chance")}
+            "chance": metadata.get("chance") if metadata.get("chance") is not None
+            else (1 / len(labels) if labels else None)}

@@ -15,12 +15,17 @@ context tokens from the *left*, and the request is counted in ``truncated`` per 
 ``"error"`` it raises :class:`SpeceeError`. A continuation that alone does not fit always raises.
 Generation keeps the last ``max_length - max_gen_toks`` context tokens under the same policy.
 
+Consecutive requests that begin with the same tokens (the paper protocol's five shots, a
+multiple-choice item's context) prefill them once (``prefix_reuse``, :mod:`specee.evaluation.prefix`):
+the outputs and scores are those of a whole prefill, only faster.
+
 Per request, ``records[(task, doc_id, idx)]`` keeps the mean decoder layers used (over the
 scored or generated tokens) and whether it was truncated; ``task_stats()`` aggregates per task.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 
 import torch
 from lm_eval import utils as lm_utils
@@ -32,8 +37,10 @@ from specee.errors import SpeceeError
 
 class SpeceeLM(LM):
     def __init__(self, decoder, tokenizer, max_gen_toks: int = 128, max_length: int | None = None,
-                 on_overflow: str = "truncate"):
+                 on_overflow: str = "truncate", prefix_reuse: bool = True):
         super().__init__()
+        from specee.evaluation.prefix import PrefixReuse
+        self.prefix = PrefixReuse(decoder.rt, getattr(decoder, "draft", None)) if prefix_reuse else None
         if on_overflow not in ("truncate", "error"):
             raise SpeceeError(f"on_overflow={on_overflow!r} is unknown; valid: truncate, error")
         self.decoder, self.tokenizer, self.rt = decoder, tokenizer, decoder.rt
@@ -99,6 +106,10 @@ class SpeceeLM(LM):
         self.records[key] = {"mean_layers": sum(layers) / max(len(layers), 1), "tokens": len(layers),
                              "truncated": truncated}
 
+    def _reusing(self):
+        """Inside: prefills start from the previous request's shared prefix (when enabled)."""
+        return self.prefix.active() if self.prefix is not None else nullcontext()
+
     # -- lm-eval API -----------------------------------------------------------------------
     def score_tokens(self, ctx: list[int], cont: list[int]):
         """(Score, truncated) of ``cont`` after ``ctx``; the model sees len(ctx)+len(cont)-1 tokens."""
@@ -109,10 +120,11 @@ class SpeceeLM(LM):
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         out = []
-        for req in tqdm(requests, desc=f"loglikelihood {self.decoder.name}", disable=disable_tqdm):
-            score, cut = self.score_tokens(*self.encode_pair(*req.args))
-            self._record(req, score.layers, cut)
-            out.append((score.total, score.greedy))
+        with self._reusing():
+            for req in tqdm(requests, desc=f"loglikelihood {self.decoder.name}", disable=disable_tqdm):
+                score, cut = self.score_tokens(*self.encode_pair(*req.args))
+                self._record(req, score.layers, cut)
+                out.append((score.total, score.greedy))
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -132,6 +144,10 @@ class SpeceeLM(LM):
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        with self._reusing():
+            return self._generate_until(requests, disable_tqdm)
+
+    def _generate_until(self, requests, disable_tqdm: bool) -> list[str]:
         eos = self.tokenizer.eos_token_id
         out = []
         for req in tqdm(requests, desc=f"generate {self.decoder.name}", disable=disable_tqdm):
