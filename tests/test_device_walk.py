@@ -165,3 +165,25 @@ def test_lookahead_reads_decode_as_the_host_walk_and_count_the_layers_they_waste
     exits = sum(t["exit_layer"] < 31 for t in ahead.trace)
     assert exits > 0 and sum(t["wasted_layers"] for t in ahead.trace) == exits
     assert all("wasted_layers" not in t for t in host.trace)
+
+
+def test_the_lookahead_read_takes_its_cuda_path_on_the_cpu(monkeypatch):
+    """The pinned copy and the event of a lookahead read, with CUDA's primitives faked: a CUDA-only
+    typo in that branch fails here."""
+    from specee.decoding.base import PhaseTimer
+    events = []
+
+    class _Event:
+        def record(self):
+            events.append("record")
+
+        def synchronize(self):
+            events.append("synchronize")
+
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    timer = PhaseTimer("cpu")
+    handle = timer.start_read(torch.tensor(True), async_copy=True)
+    assert events == ["record"] and timer.syncs == 0  # queued, not waited on
+    assert timer.finish_read(handle) is True and events == ["record", "synchronize"] and timer.syncs == 1

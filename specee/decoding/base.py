@@ -78,11 +78,11 @@ class PhaseTimer:
         self.syncs += 1
         return bool(x)
 
-    def start_read(self, x: torch.Tensor):
-        """Begin reading a device value without waiting: on CUDA a copy into pinned memory and an
-        event behind it, so the host can queue more work first; :meth:`finish_read` waits (the
-        sync, counted there). Off CUDA the value is already readable."""
-        if x.is_cuda:
+    def start_read(self, x: torch.Tensor, async_copy: bool | None = None):
+        """Begin reading a device value without waiting: on CUDA (``async_copy``, default: ``x`` is
+        on CUDA) a copy into pinned memory and an event behind it, so the host can queue more work
+        first; :meth:`finish_read` waits (the sync, counted there). Off CUDA it is readable now."""
+        if x.is_cuda if async_copy is None else async_copy:
             buf = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
             buf.copy_(x, non_blocking=True)
             event = torch.cuda.Event()
