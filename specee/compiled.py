@@ -191,13 +191,13 @@ def fuse_layer(layer) -> FusedLayer:
                       float(layer.post_attention_layernorm.variance_epsilon))
 
 
-def _rms(h, w, eps: float):
+def rms_norm(h, w, eps: float):
     x = h.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return w * x.to(h.dtype)
 
 
-def _rotate_half(x):
+def rotate_half(x):
     x1, x2 = x.chunk(2, -1)
     return torch.cat((-x2, x1), -1)
 
@@ -208,14 +208,14 @@ def layer_step(h, cos, sin, k_buf, v_buf, length, block, ln1, w_qkv, b_qkv, w_o,
     0-d device tensor, advanced by T here). ``block`` (T x T bool) says which new tokens see each
     other; every earlier entry is visible. Writes the tokens' K/V into the static buffers."""
     t = h.shape[1]
-    x = h if ln1 is None else _rms(h, ln1, eps)
+    x = h if ln1 is None else rms_norm(h, ln1, eps)
     q, k, v = F.linear(x, w_qkv, b_qkv).split([n_q * head_dim, n_kv * head_dim, n_kv * head_dim], -1)
     q = q.view(1, t, n_q, head_dim).transpose(1, 2)
     k = k.view(1, t, n_kv, head_dim).transpose(1, 2)
     v = v.view(1, t, n_kv, head_dim).transpose(1, 2)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    q = q * c + _rotate_half(q) * s
-    k = k * c + _rotate_half(k) * s
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
     slots = length + torch.arange(t, device=h.device)
     k_buf.index_copy_(2, slots, k)
     v_buf.index_copy_(2, slots, v)
@@ -231,7 +231,7 @@ def layer_step(h, cos, sin, k_buf, v_buf, length, block, ln1, w_qkv, b_qkv, w_o,
                                        attn_mask=allowed.repeat(g, 1)[None, None], scale=head_dim ** -0.5)
     a = a.reshape(1, n_q, t, head_dim)  # reshape: a backend may return a transposed layout
     h = h + F.linear(a.transpose(1, 2).reshape(1, t, n_q * head_dim), w_o, b_o)
-    g, u = F.linear(_rms(h, ln2, eps), w_gu).chunk(2, -1)
+    g, u = F.linear(rms_norm(h, ln2, eps), w_gu).chunk(2, -1)
     length.add_(t)
     return h + F.linear(F.silu(g) * u, w_down)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specee.compiled import rms_norm, rotate_half  # the compiled layer step's own math
 from specee.early_exit.exits import ExitPlan, ExitValue
 from specee.errors import SpeceeError
 
@@ -56,17 +57,6 @@ def check_exit_control(exit_control: str, device) -> None:
                           "runtime.exit_control=host")
 
 
-def _rms(h, w, eps: float):
-    x = h.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return w * x.to(h.dtype)
-
-
-def _rotate_half(x):
-    x1, x2 = x.chunk(2, -1)
-    return torch.cat((-x2, x1), -1)
-
-
 def make_branches(n_q: int, n_kv: int, head_dim: int, eps: float, norm_eps: float, inv_d: float):
     """The walk's ``torch.cond`` branches for one model shape, made once per runtime so every call
     passes the same function objects (``torch.cond`` traces a branch once per function and shapes).
@@ -76,14 +66,14 @@ def make_branches(n_q: int, n_kv: int, head_dim: int, eps: float, norm_eps: floa
     def layer(h, cos, sin, k_buf, v_buf, length, ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, w_down):
         """The compiled layer step's math for one token, its new K/V entries returned instead of
         written: attention reads the cache's first ``length`` entries and the new one."""
-        x = _rms(h, ln1, eps)
+        x = rms_norm(h, ln1, eps)
         q, k, v = F.linear(x, w_qkv, b_qkv).split([n_q * head_dim, n_kv * head_dim, n_kv * head_dim], -1)
         q = q.view(1, 1, n_q, head_dim).transpose(1, 2)
         k = k.view(1, 1, n_kv, head_dim).transpose(1, 2)
         v = v.view(1, 1, n_kv, head_dim).transpose(1, 2)
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
+        q = q * c + rotate_half(q) * s
+        k = k * c + rotate_half(k) * s
         cap = k_buf.shape[2]
         idx = torch.arange(cap + 1, device=h.device)
         allowed = (idx < length) | (idx == cap)
@@ -92,7 +82,7 @@ def make_branches(n_q: int, n_kv: int, head_dim: int, eps: float, norm_eps: floa
                                            scale=head_dim ** -0.5)
         a = a.reshape(1, n_q, 1, head_dim)
         h = h + F.linear(a.transpose(1, 2).reshape(1, 1, n_q * head_dim), w_o, b_o)
-        gate, up = F.linear(_rms(h, ln2, eps), w_gu).chunk(2, -1)
+        gate, up = F.linear(rms_norm(h, ln2, eps), w_gu).chunk(2, -1)
         # New storage for K/V (not views into the fused projection): both branches' outputs must
         # share a layout.
         return (h + F.linear(F.silu(gate) * up, w_down), k.clone(memory_format=torch.contiguous_format),
@@ -112,7 +102,7 @@ def make_branches(n_q: int, n_kv: int, head_dim: int, eps: float, norm_eps: floa
         return torch.zeros((), dtype=torch.bool, device=h.device), p_prev.clone()
 
     def verify(h, norm_w, lm_w, spec):
-        normed = _rms(h, norm_w, norm_eps)[0, 0]
+        normed = rms_norm(h, norm_w, norm_eps)[0, 0]
         cand = F.linear(normed, lm_w).argmax()
         return (spec == cand).any(), cand, normed
 
@@ -121,7 +111,7 @@ def make_branches(n_q: int, n_kv: int, head_dim: int, eps: float, norm_eps: floa
                 torch.zeros(h.shape[-1], dtype=h.dtype, device=h.device))
 
     def final_head(h, normed, token, norm_w, lm_w):
-        normed = _rms(h, norm_w, norm_eps)[0, 0]
+        normed = rms_norm(h, norm_w, norm_eps)[0, 0]
         return normed, F.linear(normed, lm_w).argmax()
 
     def keep_head(h, normed, token, norm_w, lm_w):
