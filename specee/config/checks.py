@@ -92,6 +92,7 @@ CHOICES: dict[type, dict[str, Any]] = {
     AblationConfig: {"tree_select": ("fixed", "auto"),
                      "mode": _modes, "decoding": ("autoregressive", "tree"),
                      "speculation": ("draft", "prompt_lookup"),
+                     "classifier": owned("specee.decoding.adainfer", "CLASSIFIERS"),
                      "mapping": owned("specee.decoding.tree", "MAPPINGS"),
                      "tree_exit_rule": owned("specee.decoding.tree", "EXIT_RULES")},
     RuntimeConfig: {"kind": ("eager", "compiled"), "exit_control": ("host", "lookahead", "device"),
