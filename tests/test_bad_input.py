@@ -62,7 +62,7 @@ CASES = [
     (["ablation=eagle", "ablation.tree=5"], "ablation.tree"),
     (["ablation=eagle", "ablation.tree=[[0,1]]"], "lack their parent path"),
     (["ablation=specee_t1", "early_exit.threshold=1.5"], "early_exit.threshold=1.5 must lie in [0, 1]"),
-    (["ablation=specee_t1", "early_exit.k=0"], "early_exit.k must be >= 1"),
+    (["ablation=specee_t1", "early_exit.k=0"], "early_exit.k=0 must be >= 1"),  # the generic range check (one rule)
     (["threads=0"], "threads=0 must be >= 1"),
     (["model=llama2_7b", "model.init=random", "model.device=cpu", "model.num_layers=0"], "model.num_layers=0"),
     (["model.init=zeros"], "model.init='zeros' is unknown"),
