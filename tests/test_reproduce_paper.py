@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from specee.launch import compose_and_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +40,7 @@ def test_plan_takes_the_authors_bank_when_present_and_the_trained_one_otherwise(
     assert sets == {"mt_bench", "spec_bench_summarization", "spec_bench_qa", "gsm8k", "humaneval"}
 
 
+@pytest.mark.slow  # 12 jobs in their own processes (~90 s on 2 cores); CI runs it in the slow tier
 def test_reproduce_paper_on_random_llama2_7b_reports_the_papers_figures_beside_ours(tmp_path):
     name = f"ci_paper_{tmp_path.name}"
     report = tmp_path / "report"
