@@ -23,7 +23,7 @@ from specee.early_exit import authors
 from specee.early_exit.authors import (AUTHORS_K, AUTHORS_OFFLINE_7B, authors_feature, authors_mlp_prob,
                                        authors_schedule, authors_token_features, load_authors_bank,
                                        read_authors_mlp)
-from specee.early_exit.features import SpecProbe, features_from_logits, initial_p, spec_features
+from specee.early_exit.features import SpecProbe, delta_probe_layers, features_from_logits, initial_p, spec_features
 from specee.early_exit.predictor import PredictorBank
 from specee.early_exit.schedule import build_schedule
 from specee.errors import SpeceeError
@@ -317,6 +317,24 @@ def test_features_against_the_authors(seed):
             torch.testing.assert_close(gap_ours, gap_theirs, rtol=1e-5, atol=1e-6)
         else:
             assert (gap_ours - gap_theirs).abs().max() > 1e-3, layer
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_delta_from_authors_is_the_authors_feature_definition(seed):
+    """early_exit.delta_from=authors (the specee_*_authors ablations): the decoder's own pieces (its
+    p_prev before the first scheduled layer, its probe-only layers) give the authors' 12 values at
+    every scheduled layer, the first included."""
+    rt, hs, spec = _token(seed)
+    scheduled = sorted(set(AUTHORS_OFFLINE_7B) | {9, 11})
+    theirs = _authors(rt, hs, spec, scheduled)
+    eligible = [layer in scheduled for layer in range(len(hs))]
+    probe_only = delta_probe_layers(eligible, "authors")
+    assert not any(probe_only)  # no probe at unscheduled layers: the last evaluated layer's p
+    probe, p_prev = SpecProbe(rt, spec), initial_p(len(spec), spec, "authors")
+    for layer in range(len(hs)):
+        if eligible[layer]:
+            ours, p_prev = features_from_logits(probe.logits(hs[layer]), p_prev)
+            torch.testing.assert_close(ours, theirs[layer], rtol=1e-5, atol=1e-6)
 
 
 def test_training_features_against_the_authors():

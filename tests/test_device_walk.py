@@ -22,14 +22,15 @@ ROOT = TINY.parent.parent.parent
 PROMPT = torch.tensor([[1, 50, 60, 70, 80, 90, 100, 110]])
 
 
-def _decoder(rt, kv_policy="holes", replay=None):
+def _decoder(rt, kv_policy="holes", replay=None, delta_from="previous_layer"):
     draft, _ = load_draft(TINY.parent / "tiny_draft", rt)
     bank, _ = PredictorBank.load(TINY.parent / "tiny_predictors", rt.num_layers, 4, 0.5, "global")
     placement = OmegaConf.merge({"m": None, "coverage": None, "n_history": 5, "window": None,
                                  "reference_variant": False, "offline": False, "online": False},
                                 OmegaConf.load(ROOT / "conf" / "placement" / "online_union.yaml"))
     schedule = build_schedule(placement, rt.num_layers, TINY.parent / "tiny_exit_profile")
-    return SpecEEDecoder(rt, draft, bank, k=4, schedule=schedule, kv_policy=kv_policy, replay=replay)
+    return SpecEEDecoder(rt, draft, bank, k=4, schedule=schedule, kv_policy=kv_policy, replay=replay,
+                         delta_from=delta_from)
 
 
 def _same(a, b):
@@ -187,3 +188,11 @@ def test_the_lookahead_read_takes_its_cuda_path_on_the_cpu(monkeypatch):
     handle = timer.start_read(torch.tensor(True), async_copy=True)
     assert events == ["record"] and timer.syncs == 0  # queued, not waited on
     assert timer.finish_read(handle) is True and events == ["record", "synchronize"] and timer.syncs == 1
+
+
+def test_device_exits_read_the_authors_features_as_the_host_walk(tiny):
+    """early_exit.delta_from=authors (p_prev zero before the first scheduled layer) on the device."""
+    model, _ = tiny
+    host = _decoder(CompiledLM(model), delta_from="authors").generate(PROMPT, 16)
+    device = _decoder(CompiledLM(model, exit_control="device"), delta_from="authors").generate(PROMPT, 16)
+    _same(host, device)

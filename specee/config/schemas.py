@@ -75,7 +75,8 @@ class EarlyExitConfig:
     # (recorded per-token exit layers), while every predictor and verification still runs.
     replay: Optional[str] = None
     # p_prev of the Δ feature: previous_layer (layer l-1, as the predictors were trained; computed
-    # there when l-1 has no scheduled predictor) | previous_evaluated (the last evaluated layer)
+    # there when l-1 has no scheduled predictor) | previous_evaluated (the last evaluated layer) |
+    # authors (the SpecEE authors' decoder: the last evaluated layer, nothing before the first)
     delta_from: str = "previous_layer"
     # global: `threshold` at every layer (the paper's) | per_layer: the per-layer thresholds stored
     # with the predictors (trained with experiment.target_precision)

@@ -105,7 +105,7 @@ class SpecEEDecoder(LoopDecoder):
         active = self.schedule.active(state)
         eligible = [self.can_exit[i] and active[i] for i in range(rt.num_layers)]
         plan = ExitPlan(eligible, delta_probe_layers(eligible, self.delta_from), SpecProbe(rt, spec),
-                        self.predictors, spec, spec_list, initial_p(self.k, spec), target)
+                        self.predictors, spec, spec_list, initial_p(self.k, spec, self.delta_from), target)
         shadow = {"exit": None, "p": initial_p(self.k, spec)}
 
         def observe(i, h):  # shadow mode: where would the all-layers policy have exited?

@@ -180,7 +180,7 @@ class TreeDecoder(LoopDecoder):
         p_prev = {}
         if spec is not None:  # (units, K, d): the LM-head rows of each unit's candidates
             spec_w = rt.lm_head.weight[timer.to_device([spec[v] for v in self.feat_node])]
-            p_prev = [initial_p(self.k, spec_w[j]) for j in range(len(self.feat_node))]
+            p_prev = [initial_p(self.k, spec_w[j], self.delta_from) for j in range(len(self.feat_node))]
         counts = {"pred_calls": 0, "verify_calls": 0, "delta_probes": 0, "head_rows": 0}
 
         def exit_test(i, h):

@@ -337,9 +337,10 @@ def card_for(source: Path, sha: dict[str, str], extra_files: dict[str, str], ban
         "conversion": "weights re-laid out, values unchanged: w1[l] = fc1.weight.T, b1[l] = fc1.bias, "
                       "w2[l] = fc2.weight[0], b2[l] = fc2.bias[0] of model{l}.pth; the authors run them in float16",
         "feature_definition": AUTHORS_FEATURE_DEFINITION,
-        "harness_features": "the harness's features equal theirs with early_exit.delta_from=previous_evaluated "
-                            "except at a token's first scheduled layer, where the harness subtracts p_prev = 1/K "
-                            "and they subtract nothing (tests/test_authors_bank.py pins it)",
+        "harness_features": "the harness's features equal theirs with early_exit.delta_from=authors (the "
+                            "specee_*_authors ablations set it); previous_evaluated differs only at a token's "
+                            "first scheduled layer, where it subtracts p_prev = 1/K and they subtract nothing "
+                            "(tests/test_authors_bank.py pins both)",
         "label": "the authors' (layer l's token == the final token, collected with every layer evaluated)",
         "authors_schedule": {"offline": list(AUTHORS_OFFLINE_7B), "online_offsets": list(AUTHORS_ONLINE_OFFSETS),
                              "online_history": AUTHORS_ONLINE_HISTORY,

@@ -11,7 +11,9 @@ sees, since collection evaluates every layer. A scheduled decoder therefore comp
 l-1 whenever l is a predictor layer and l-1 is not (K dot products, no MLP):
 ``early_exit.delta_from=previous_layer``, the default. ``previous_evaluated`` instead takes p at
 the last layer evaluated for this token (uniform before the first) -- cheaper, but a feature
-distribution the predictors were not trained on.
+distribution the predictors were not trained on. ``authors`` is the SpecEE authors' decoder: the
+last evaluated layer's p, and nothing (zeros) before the token's first scheduled layer, so the gap
+there is p itself (specee/early_exit/authors.py; their released bank reads these features).
 """
 from __future__ import annotations
 
@@ -21,12 +23,12 @@ FEATURE_DEFINITION = ("concat(z, softmax(z), softmax(z) - p_prev) with z = norm(
                       "S = draft top-K in rank order, p_prev = softmax(z) at layer l-1 for this token, "
                       "uniform 1/K at layer 0")
 
-DELTA_FROM = ("previous_layer", "previous_evaluated")
+DELTA_FROM = ("previous_layer", "previous_evaluated", "authors")
 
 
 def delta_probe_layers(eligible: list[bool], delta_from: str) -> list[bool]:
     """Layers where p is computed only to serve as the next predictor layer's p_prev."""
-    if delta_from == "previous_evaluated":
+    if delta_from in ("previous_evaluated", "authors"):
         return [False] * len(eligible)
     n = len(eligible)
     return [i + 1 < n and eligible[i + 1] and not eligible[i] for i in range(n)]
@@ -43,8 +45,9 @@ def folded_logits(h: torch.Tensor, rows: torch.Tensor, eps: float, inv_d: float)
     return (rows @ v) * torch.rsqrt(v.dot(v) * inv_d + eps)
 
 
-def initial_p(k: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.full((k,), 1.0 / k, dtype=torch.float32, device=like.device)
+def initial_p(k: int, like: torch.Tensor, delta_from: str = "previous_layer") -> torch.Tensor:
+    """p_prev before a token's first predictor layer: uniform 1/K, or zeros as the authors' decoder."""
+    return torch.full((k,), 0.0 if delta_from == "authors" else 1.0 / k, dtype=torch.float32, device=like.device)
 
 
 class SpecProbe:
