@@ -106,6 +106,10 @@ def preflight(cfg) -> None:
     if shape is None:
         return
     _context(cfg, shape)
+    k = cfg.ablation.exit_layer  # a wrong value is wrong whether or not this mode reads it
+    if k != "auto" and k >= shape.num_layers:
+        from specee.config import check_exit_layer_text
+        raise SpeceeError(check_exit_layer_text(k, shape.num_layers))
     spec, ee, random_init = modes.of(cfg.ablation), cfg.early_exit, cfg.model.init == "random"
     uses_draft = (facts.decodes and spec.needs_draft) or facts.needs_draft
     uses_bank = (facts.decodes and spec.needs_bank) or facts.needs_bank
@@ -134,8 +138,11 @@ def preflight(cfg) -> None:
                                ee.predictors_path)
     if uses_svm:
         from specee.decoding.adainfer import load_classifier
-        cards["AdaInfer classifier"] = (load_classifier(project_path(ee.adainfer_path), cfg.ablation.classifier).card,
-                                        ee.adainfer_path)
+        try:
+            classifier = load_classifier(project_path(ee.adainfer_path), cfg.ablation.classifier)
+        except SpeceeError as err:  # which choice of the user's needs the missing or broken file
+            raise SpeceeError(f"ablation={cfg.ablation.name} (classifier {cfg.ablation.classifier}): {err}") from None
+        cards["AdaInfer classifier"] = (classifier.card, ee.adainfer_path)
     _same_base(cards)
     if schedules:
         _profiles(cfg, shape.num_layers)

@@ -148,9 +148,12 @@ def bad_values(hint, cls, name) -> list[tuple[str, str]]:
         out += [("type", "[a,b]"), ("type", "{a:1}"), ("empty", "''"), ("empty", "'   '")]
         if choices is not None:
             out += [("absurd", "not_a_choice_24"), ("absurd", "'DROP TABLE'")]
-    elif base is typing.Any:  # a free-form node (ablation.tree): what no reading of it accepts
+    elif base is typing.Any and name == "tree":  # a draft tree (ablation.tree, model.tree): what no reading accepts
         out += [("type", "5"), ("type", "{a:1}"), ("absurd", "not_a_tree_24"), ("range", "[[-1]]"),
                 ("absurd", "[[0,1]]"), ("empty", "['']")]
+    elif base is typing.Any:  # a whole number or auto (ablation.num_tokens, ablation.exit_layer)
+        out += [("type", "abc"), ("type", "1.5"), ("type", "{a:1}"), ("range", "0"), ("range", "-3"),
+                ("absurd", str(10**30))]
     elif typing.get_origin(base) is list:
         out += [("type", "abc"), ("type", "{a:1}"), ("type", "[[a]]"), ("empty", "['']")]
         if choices is not None:

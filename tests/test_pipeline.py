@@ -152,10 +152,12 @@ def test_sweep_collect_and_report(micro, tmp_path):
     res = run_cli("experiment=report", f"sweep={tmp_path / 'sweep'}", f"experiment.out_dir={out}",
                   f"hydra.run.dir={tmp_path / 'r'}")
     assert res.returncode == 0, res.stderr[-2000:]
-    # cover + speedup per category + staircase (dense, T1) + measured against modelled + exit
-    # distribution + context similarity + overhead + exits against the oracle + verdicts on the
-    # paper's claims (from the stats job); accuracy is skipped with its reason.
-    assert _pdf_pages(out / "report.pdf") == 9
+    # cover + speedup per category + staircase (dense, T1) + measured against modelled + where a
+    # token's time goes on a GPU per path + exit distribution + context similarity + overhead +
+    # exits against the oracle + verdicts on the paper's claims (from the stats job); accuracy is
+    # skipped with its reason.
+    assert _pdf_pages(out / "report.pdf") == 10
+    assert "## Where a token's time goes on a GPU, per path" in (out / "summary.md").read_text()
     md = (out / "summary.md").read_text()
     assert "## Verdicts on the paper's claims" in md and "skewed exits (Fig. 10)" in md
     assert "## Ablation staircase" in md and "Accuracy: no accuracy results" in md

@@ -265,4 +265,10 @@ def check_fields(cfg, cls: type = None, prefix: str = "") -> None:
             continue  # fixed by the option (_check_target)
         if OmegaConf.is_list(value):
             value = OmegaConf.to_container(value)
-        _check_value(key, value, hint, LIMITS.get(cls, {}).get(name), CHOICES.get(cls, {}).get(name))
+        try:
+            _check_value(key, value, hint, LIMITS.get(cls, {}).get(name), CHOICES.get(cls, {}).get(name))
+        except SpeceeError as err:
+            if not OmegaConf.is_interpolation(cfg, name):
+                raise
+            # a value taken from another setting (e.g. ${paths.artifacts}): name where it was set
+            raise SpeceeError(f"{err} ({key} is {node._value()}: fix it there)") from None

@@ -153,15 +153,19 @@ def check_tree(cfg) -> None:
     from specee.decoding.tree_shape import build
     a, k = cfg.ablation, cfg.early_exit.k
     tree = OmegaConf.to_container(a.tree) if OmegaConf.is_config(a.tree) else a.tree
+    # ablation.tree defaults to the model's (${model.tree}): a bad one is named where it was set
+    where = "ablation.tree"
+    if OmegaConf.is_interpolation(a, "tree") and "model.tree" in str(a._get_node("tree")._value()):
+        where = "model.tree (which ablation.tree follows)"
     try:
         paths = build(tree).paths
     except SpeceeError as err:
-        raise SpeceeError(f"ablation.tree: {err}") from None
+        raise SpeceeError(f"{where}: {err}") from None
     if not modes.is_tree(a):
         return
     top = max((r for p in paths for r in p), default=-1)
     if top >= k:
-        raise SpeceeError(f"ablation.tree has a node of rank {top}, beyond the draft's top-{k} "
+        raise SpeceeError(f"{where} has a node of rank {top}, beyond the draft's top-{k} "
                           f"(early_exit.k={k}); use ranks below {k} or raise early_exit.k to {top + 1}")
 
 

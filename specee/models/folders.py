@@ -79,6 +79,7 @@ def check_folders(cfg) -> None:
         if what == "checkpoint":
             fill = "its Hugging Face checkpoint (config.json, weights, tokenizer)"
         parts.append(f"{folder} ({what}, {key}; fill it: {fill})")
-    raise SpeceeError(f"model={cfg.model.name} is missing {len(missing)} folder{'s' * (len(missing) > 1)} "
+    raise SpeceeError(f"model={cfg.model.name} with ablation={cfg.ablation.name} is missing {len(missing)} "
+                      f"folder{'s' * (len(missing) > 1)} "
                       f"this run reads, looked for by name: {'; '.join(parts)}. Models root: {_root_note(cfg)}; "
                       "a per-model path (model.path=DIR, draft.path=DIR, ...) overrides any of them")
