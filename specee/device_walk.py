@@ -34,6 +34,8 @@ import torch.nn.functional as F
 
 from specee.compiled import rms_norm, rotate_half  # the compiled layer step's own math
 from specee.early_exit.exits import ExitPlan, ExitValue
+from specee.early_exit.features import features_from_logits, folded_logits
+from specee.early_exit.predictor import mlp_logit
 from specee.errors import SpeceeError
 
 
@@ -93,8 +95,6 @@ def make_branches(n_q: int, n_kv: int, head_dim: int, eps: float, norm_eps: floa
         return h.clone(), kv, kv.clone()
 
     def predictor(h, p_prev, rows, b1, w1t, w2, b2, logit_t):
-        from specee.early_exit.features import features_from_logits, folded_logits
-        from specee.early_exit.predictor import mlp_logit
         feats, p = features_from_logits(folded_logits(h, rows, norm_eps, inv_d), p_prev)
         return mlp_logit(feats, b1, w1t, w2, b2) > logit_t, p
 
@@ -175,7 +175,8 @@ class DeviceWalk:
             cache._ensure(i, cache.lengths[i] + 1)
         need = [e or p for e, p in zip(plan.eligible, plan.probe_only)]
         forced = [plan.target is not None and i >= plan.target for i in range(L)]
-        masks = torch.tensor([plan.eligible, need, forced, [plan.target is not None] * L], dtype=torch.bool)
+        masks = torch.tensor([plan.eligible, need, forced, [plan.target is not None] * L], dtype=torch.bool,
+                             device="cpu")  # built on the host, then sent up
         if dev.type == "cuda":
             masks = masks.pin_memory()
         return {"h": h, "cos": rope[0], "sin": rope[1], "masks": masks.to(dev, non_blocking=True),
@@ -232,8 +233,8 @@ class DeviceWalk:
                 cache.advanced(j, 1)
             value.counts["pred_calls"] = sum(plan.eligible[: layer + 1])
             value.counts["delta_probes"] = sum(plan.probe_only[: layer + 1])
-        counts = {"pred_calls": 0, "verify_calls": n_verify, "delta_probes": 0, "_spec": plan.spec}
-        value = ExitValue(exit_layer, h, token, normed, counts, on_device=True, _settle=settle)
+        counts = {"pred_calls": 0, "verify_calls": n_verify, "delta_probes": 0}
+        value = ExitValue(exit_layer, h, token, normed, counts, on_device=True, spec=plan.spec, _settle=settle)
         return value
 
     # -- CUDA: the whole walk as one graph with conditional nodes ------------------------------

@@ -5,7 +5,7 @@ import torch
 
 from conftest import early_exit_parts
 from specee.decoding import base
-from specee.decoding.adainfer import AdaInferDecoder, AdaInferSVM
+from specee.decoding.adainfer import AdaInferCRF, AdaInferDecoder, AdaInferSVM
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.pld import PromptLookupDecoder
 from specee.decoding.specee_ar import SpecEEDecoder
@@ -34,6 +34,8 @@ def decoders(rt, draft, bank):
     out["eagle"] = TreeDecoder(rt, draft, "small", k=K)
     out["specee_t1/shadow"] = SpecEEDecoder(rt, draft, bank, k=K, kv_policy="holes", schedule=sched(), shadow=True)
     out["pld"] = PromptLookupDecoder(rt, num_tokens=4, ngram_size=2)
+    # AdaInfer's CRF over layers: stop when the filtered P(stop) passes 1/2
+    out["adainfer_crf"] = AdaInferDecoder(rt, AdaInferCRF([[0.0, 0.0], [4.0, 2.0]], [0.0, -1.0], [[0.5, -0.5], [-0.5, 0.5]]))
     return out
 
 
@@ -45,7 +47,7 @@ def prompt():
     "dense", "adainfer/holes", "adainfer/propagate", "specee_t1/holes", "specee_t1/propagate",
     "specee_t1_t2/holes", "specee_t1_t2/propagate", "specee_full/merged/holes",
     "specee_full/independent/propagate", "specee_full/merged/propagate", "specee_full/independent/holes",
-    "eagle", "specee_t1/shadow", "pld"])
+    "eagle", "specee_t1/shadow", "pld", "adainfer_crf"])
 def test_every_decoder_makes_its_tensors_on_the_runtime_device(parts, name):
     """Under a default device of "meta", any tensor a decoder creates without the runtime's device
     lands on meta and breaks the run; a device-correct decoder gives the same tokens as without."""

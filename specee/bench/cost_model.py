@@ -442,7 +442,7 @@ PATHS = ("eager", "graphed_host_exits", "graphed_device_exits")
 
 
 def path_time_us(counts: dict, shape: dict, path: str, bandwidth_gb_s: float, sync_us: float, kernel_us: float,
-                 context: int, num_layers: int, dtype_bytes: int = 2, k: int = 4) -> dict:
+                 context: int, dtype_bytes: int = 2, k: int = 4) -> dict:
     """Modelled us per emitted token of counted work ``counts`` (already at ``shape``'s depth) on
     one decoding path, by part: the bytes each unit streams (the floor on every path) and what the
     path adds on the host side.
@@ -491,17 +491,16 @@ def predict_paths(mode_counts: dict, dense_counts: dict, num_layers_measured: in
     shape = SHAPES[target_shape] if isinstance(target_shape, str) else target_shape
     factor = shape["num_layers"] / num_layers_measured
     mode, dense = rescale_depth(mode_counts, factor), rescale_depth(dense_counts, factor)
-    args = (shape,)
     kw = dict(bandwidth_gb_s=gpu["bandwidth_gb_s"], sync_us=gpu["sync_us"], kernel_us=gpu["kernel_us"],
-              context=context, num_layers=shape["num_layers"])
-    dense_us = {"eager": path_time_us(dense, *args, "eager", **kw)["total"],
-                "graphed": path_time_us(dense, *args, "graphed_host_exits", **kw)["total"]}
+              context=context)
+    dense_us = {"eager": path_time_us(dense, shape, "eager", **kw)["total"],
+                "graphed": path_time_us(dense, shape, "graphed_host_exits", **kw)["total"]}
     strongest = min(dense_us.values())
     out = {"dense_us_per_token": dense_us, "strongest_dense": min(dense_us, key=dense_us.get), "paths": {}}
     for path in PATHS:
         if path == "graphed_device_exits" and not device_exits:
             continue
-        t = path_time_us(mode, *args, path, **kw)
+        t = path_time_us(mode, shape, path, **kw)
         same = dense_us["eager" if path == "eager" else "graphed"]
         out["paths"][path] = {"us_per_token": t, "speedup_vs_dense_same_path": same / t["total"],
                               "speedup_vs_strongest_dense": strongest / t["total"]}

@@ -83,7 +83,7 @@ class PhaseTimer:
         on CUDA) a copy into pinned memory and an event behind it, so the host can queue more work
         first; :meth:`finish_read` waits (the sync, counted there). Off CUDA it is readable now."""
         if x.is_cuda if async_copy is None else async_copy:
-            buf = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            buf = torch.empty(x.shape, dtype=x.dtype, device="cpu", pin_memory=True)
             buf.copy_(x, non_blocking=True)
             event = torch.cuda.Event()
             event.record()

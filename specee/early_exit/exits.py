@@ -41,6 +41,7 @@ class ExitValue:
     on_device: bool = False
     token_int: int | None = None  # the emitted token, once read on the host
     spec_list: list[int] | None = None
+    spec: torch.Tensor | None = None  # device walk: the speculative ids, read with the outcome
     _settle: Callable | None = None  # host bookkeeping once the exit layer is known (device walk)
 
     def resolve(self, timer) -> int:
@@ -48,9 +49,8 @@ class ExitValue:
         the token, the verification count and the speculative ids (one host read)."""
         if not self.on_device:
             return int(self.layer)
-        spec = self.counts.pop("_spec")
         row = torch.cat([torch.stack([self.token, self.layer, self.counts["verify_calls"]]).to(torch.long),
-                         spec.to(torch.long)])
+                         self.spec.to(torch.long)])
         values = timer.host_list(row)
         self.token_int, self.layer, self.counts["verify_calls"] = values[0], values[1], values[2]
         self.spec_list = values[3:]
