@@ -257,7 +257,8 @@ def speed_rows(docs) -> list[dict]:
 
 
 def verdict_rows(docs, paired_change) -> list[dict]:
-    return accuracy_rows(docs, paired_change) + stats_rows(docs) + speed_rows(docs)
+    from specee.frontier.pages import verdict_table_rows
+    return accuracy_rows(docs, paired_change) + stats_rows(docs) + speed_rows(docs) + verdict_table_rows(docs)
 
 
 def bank_text(r: dict) -> str:

@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from specee.config.schemas import (SCHEMAS, AblationConfig, AccuracyExperiment, CalibrationConfig, Config,
+                                    FrontierExperiment,
                                    DatasetConfig, DraftVocabExperiment, EarlyExitConfig, ModelConfig,
                                    PlacementConfig, PotentialExperiment, ReproduceExperiment, RuntimeConfig,
                                    SpeedExperiment, StatsExperiment, TrainBaseExperiment, TrainDraftExperiment,
@@ -57,6 +58,10 @@ LIMITS: dict[type, dict[str, tuple]] = {
     ReproduceExperiment: {k: (1, INT_MAX) for k in ("count", "max_new_tokens", "accuracy_limit",
                                                                "perplexity_limit", "stats_count")},
     AccuracyExperiment: {k: (1, INT_MAX) for k in ("limit", "max_gen_tokens", "max_length")},
+    FrontierExperiment: {"delta": (0.0, 1.0), "epsilon": (0.0, 1.0), "measured_points": (0, 100),
+                         "timed_prompts": (2, INT_MAX), "count": (1, INT_MAX), "max_new_tokens": (1, INT_MAX), "task_limit": (2, INT_MAX), "cost_rounds": (3, 10_000),
+                         "real_only_grid": (0.0, 1.0), "threshold_grid": (0.0, 1.0), "precision_grid": (0.0, 1.0),
+                         "p_stop_grid": (0.0, 1.0), "oracle_budgets": (0.0, 1.0), "extra_deltas": (0.0, 1.0)},
     Config: {"threads": (1, INT_MAX)},
 }
 
@@ -108,6 +113,8 @@ CHOICES: dict[type, dict[str, Any]] = {
                           "hf_generate_ablations": Options("ablation"),
                           "mapping_variants": Options("ablation"), "runtime_variants": Options("ablation"),
                           "accuracy_ablations": Options("ablation"), "dataset": Options("dataset")},
+    FrontierExperiment: {"policies": Options("ablation"), "real_only": Options("ablation"),
+                         "lossless_peers": Options("ablation")},
     AccuracyExperiment: {"on_overflow": ("truncate", "error"), "drift_gate": ("auto", "exact", "interval"),
                          "task_source": ("shipped", "lm_eval")},
 }

@@ -66,6 +66,26 @@ def validate(cfg) -> None:
     check_tree(cfg)
     if recipe_name(cfg) == "reproduce":
         check_reproduce(cfg.experiment)
+    if recipe_name(cfg) == "frontier":
+        check_frontier(cfg.experiment)
+
+
+def check_frontier(e) -> None:
+    """A loss budget and an error rate strictly inside (0, 1); a grid of at least two points per knob."""
+    from specee.frontier.calibrate import check_budget
+    check_budget(e.delta, e.epsilon)
+    for d in e.extra_deltas:
+        check_budget(d, e.epsilon, f"experiment.extra_deltas has {d}, which")
+    for key in ("threshold_grid", "precision_grid", "margin_grid", "p_stop_grid", "real_only_grid", "oracle_budgets"):
+        if key != "real_only_grid" and len(e[key]) < 2 or key == "real_only_grid" and e.real_only and not e[key]:
+            raise SpeceeError(f"experiment.{key} has {len(e[key])} point(s); a frontier needs at least two "
+                              f"(e.g. experiment.{key}=[{', '.join(str(v) for v in FRONTIER_EXAMPLES[key])}])")
+    if not e.policies:
+        raise SpeceeError("experiment.policies is empty: name at least one early-exit ablation, e.g. [specee_t1_t2]")
+
+
+FRONTIER_EXAMPLES = {"threshold_grid": [0.9, 0.5, 0.2], "precision_grid": [0.95, 0.8], "margin_grid": [0.5, 0.0],
+                     "p_stop_grid": [0.9, 0.5], "real_only_grid": [0.8, 0.4], "oracle_budgets": [0.0, 0.05]}
 
 
 def check_reproduce(e) -> None:

@@ -450,6 +450,43 @@ class AccuracyExperiment:
 
 
 @dataclass
+class FrontierExperiment:
+    """Speed at a loss budget (experiments/frontier.py): each exit policy's speed–quality frontier,
+    the oracle's, and per policy the fastest point whose loss is <= delta with probability >= 1 - epsilon
+    (Learn-then-Test on a calibration half, reported on the test half). Prompts from the dataset group."""
+    facts: ClassVar[Recipe] = Recipe(loads_model=True, needs_draft=True, needs_bank=True, reuses_finished=True,
+                                     context_budgets=("experiment.max_new_tokens",))
+    _target_: str = "experiments.frontier.run"
+    count: int = 20  # prompts per Spec-Bench category (the dataset group's count for other sources)
+    max_new_tokens: int = 32  # per prompt (replaces the dataset group's)
+    # early-exit ablations whose operating points are replayed (autoregressive SpecEE, AdaInfer)
+    policies: list[str] = field(default_factory=lambda: ["specee_t1", "specee_t1_t2", "specee_t1_t2_tuned",
+                                                         "adainfer", "adainfer_crf"])
+    # ablations measured only by real runs at real_only_grid (tree SpecEE: its exits are not replayed)
+    real_only: list[str] = field(default_factory=lambda: ["specee_full"])
+    real_only_grid: list[float] = field(default_factory=lambda: [0.95, 0.8, 0.6, 0.4, 0.2])
+    lossless_peers: list[str] = field(default_factory=lambda: ["eagle", "pld"])  # points at zero loss
+    # the knobs' grids (any order: swept from the most conservative point to the fastest)
+    threshold_grid: list[float] = field(default_factory=lambda: [0.99, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4,
+                                                                 0.3, 0.2, 0.1])
+    precision_grid: list[float] = field(default_factory=lambda: [0.99, 0.97, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6])
+    margin_grid: list[float] = field(default_factory=lambda: [1.0, 0.75, 0.5, 0.3, 0.15, 0.0, -0.15, -0.3])
+    p_stop_grid: list[float] = field(default_factory=lambda: [0.99, 0.95, 0.9, 0.8, 0.7, 0.5, 0.3, 0.2])
+    oracle_budgets: list[float] = field(default_factory=lambda: [0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2])
+    delta: float = 0.01  # the loss budget: the paper's 1 % (tokens differing; accuracy points / 100)
+    epsilon: float = 0.05  # the guarantee holds with probability >= 1 - epsilon
+    # further budgets calibrated beside delta (reported, no verdict): what the data can certify where
+    # delta needs more calibration units than it has (a loss of 0 at 1 % needs 299 at epsilon 0.05)
+    extra_deltas: list[float] = field(default_factory=lambda: [0.05])
+    measured_points: int = 2  # real runs per replayed policy (spread over its grid), plus its calibrated point
+    timed_prompts: int = 13  # test prompts the real runs are timed on, beside dense
+    tasks: list[str] = field(default_factory=list)  # lm-eval tasks (shipped) replayed at every point
+    task_limit: Optional[int] = 100  # items per task (halved into calibration and test)
+    cost_rounds: int = 20  # interleaved rounds of the unit-cost microbenchmark
+    report_dir: Optional[str] = None  # default: reports/frontier_<model>
+
+
+@dataclass
 class PathsConfig:
     # Relative paths resolve against the project root (the folder holding run.py). The default is
     # the evaluation data shipped in the repository; retraining tiny needs a fuller data root.
@@ -492,6 +529,7 @@ SCHEMAS = {
     ("experiment", "stats_schema"): StatsExperiment,
     ("experiment", "collect_schema"): CollectExperiment,
     ("experiment", "potential_schema"): PotentialExperiment,
+    ("experiment", "frontier_schema"): FrontierExperiment,
     ("experiment", "reproduce_schema"): ReproduceExperiment,
     ("experiment", "report_schema"): ReportExperiment,
     ("experiment", "fetch_schema"): FetchExperiment,

@@ -30,6 +30,7 @@ class AdaInferSVM:
         self.w = torch.tensor(coef, dtype=torch.float32)
         self.b = float(intercept)
         self.card = card or {}
+        self.margin = 0.0  # fires when w.x + b > margin (0: the trained SVM's own boundary)
 
     def to(self, device) -> "AdaInferSVM":
         self.w = self.w.to(device)
@@ -40,7 +41,7 @@ class AdaInferSVM:
 
     def decide(self, feats: torch.Tensor) -> torch.Tensor:
         """The exit decision as a device tensor (reading it on the host is the sync)."""
-        return feats.float() @ self.w + self.b > 0
+        return feats.float() @ self.w + self.b > self.margin
 
     def fires(self, feats: torch.Tensor) -> bool:
         return bool(self.decide(feats))
@@ -76,6 +77,7 @@ class AdaInferCRF:
         self.trans = torch.tensor(trans, dtype=torch.float32)  # [from, to]
         self.card = card or {}
         self.alpha = None
+        self.p_stop = 0.5  # fires when P(stop | layers so far) exceeds it (AdaInfer's 1/2)
 
     def to(self, device) -> "AdaInferCRF":
         self.w, self.b, self.trans = self.w.to(device), self.b.to(device), self.trans.to(device)
@@ -95,7 +97,9 @@ class AdaInferCRF:
 
     def decide(self, feats: torch.Tensor) -> torch.Tensor:
         self.alpha = self.step(self.alpha, feats)
-        return self.alpha[..., 1] > self.alpha[..., 0]
+        if self.p_stop == 0.5:
+            return self.alpha[..., 1] > self.alpha[..., 0]
+        return self.alpha[..., 1] > math.log(self.p_stop)  # alpha holds log-probabilities
 
     def fires(self, feats: torch.Tensor) -> bool:
         return bool(self.decide(feats))

@@ -1,0 +1,269 @@
+"""The frontier's report: one figure per model (speedup against quality loss, a line per policy,
+lossless peers as points, the oracle's curve, the budget as a band), the table "at the paper's
+budget", replay against real runs, and the joint claim as one verdict per model and task."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+from specee.errors import SpeceeError
+
+CLAIM = "faster than dense at <= delta loss"
+
+
+def replay_vs_real(curves: dict, measured: dict) -> dict:
+    """Per policy, replay's figures beside the real runs' at the same points (test prompts): the
+    largest gaps in layers per token and in token disagreement (real: at its own context)."""
+    out = {}
+    for name, pts in measured.items():
+        if name not in curves:
+            continue
+        rows = []
+        for p in pts:
+            r = curves[name][p["index"]]["test"]
+            rows.append({"value": p["value"], "replay_avg_layers": r["avg_layers"], "real_avg_layers": p["avg_layers"],
+                         "replay_disagreement": r["token_disagreement"],
+                         "real_disagreement": p["own_context_disagreement"],
+                         "replay_sequence_identity": r["sequence_identity"],
+                         "real_sequence_identity": p["sequence_identity"],
+                         "modelled_speedup": r["modelled_speedup"], "measured_speedup": p["speedup"],
+                         "measured_ci": p["speedup_ci"]})
+        out[name] = {"points": rows,
+                     "max_layer_gap": max(abs(r["replay_avg_layers"] - r["real_avg_layers"]) for r in rows) if rows else None,
+                     "max_disagreement_gap": max(abs(r["replay_disagreement"] - r["real_disagreement"]) for r in rows)
+                     if rows else None}
+    return out
+
+
+def _verdict(cal: dict, measured_pt: dict | None, testable: bool, why: str | None) -> tuple[str, str]:
+    if not testable:
+        return "not testable", why or ""
+    if cal.get("chosen") is None:
+        if cal.get("calibration_units", 0) < cal.get("units_needed_at_zero_loss", 0):
+            return "inconclusive", cal.get("why_none", "")
+        return "refuted", cal.get("why_none", "") + "; no operating point keeps the loss within the budget"
+    if measured_pt is None:
+        s = cal["modelled_speedup"]
+        return ("inconclusive", f"calibrated point modelled at {s:.3f}x, not measured")
+    lo, hi = measured_pt["speedup_ci"]
+    fig = f"{measured_pt['speedup']:.3f}x [{lo:.3f}, {hi:.3f}]"
+    if not cal["guarantee_held"]:
+        return "inconclusive", f"{fig}, but the held-out loss {cal['test_loss']:.4f} exceeds the budget"
+    if lo > 1:
+        return "confirmed", fig
+    if hi < 1:
+        return "refuted", fig + " (slower than dense at the calibrated point)"
+    return "inconclusive", fig + " (interval contains 1)"
+
+
+def verdicts(m: dict, model: str) -> list[dict]:
+    """One row per model, task (Spec-Bench token disagreement, each accuracy task) and policy."""
+    rows = []
+    oracle = {o["budget"]: o for o in m["oracle"]}
+    ob = oracle.get(m["delta"]) or min(m["oracle"], key=lambda o: abs(o["budget"] - m["delta"]))
+    for name, cal in m["calibration"].items():
+        pt = next((p for p in m["measured"].get(name, []) if p["index"] == cal.get("chosen")), None)
+        v, fig = _verdict(cal, pt, True, None)
+        rows.append({"model": model, "task": "spec_bench (token disagreement)", "policy": name, "claim": CLAIM,
+                     "verdict": v, "figure": fig, "delta": m["delta"], "epsilon": m["epsilon"],
+                     "oracle": f"{ob['modelled_speedup']:.3f}x modelled at {ob['budget']:g} token budget"})
+    for tname, task in m.get("tasks", {}).items():
+        if task.get("rolling"):
+            continue
+        for name in m["calibration"]:
+            cal = (task.get("calibration") or {}).get(name, {})
+            pt = next((p for p in m["measured"].get(name, []) if p["index"] == cal.get("chosen")), None)
+            v, fig = _verdict(cal, pt, task.get("testable", False), task.get("why_not_testable"))
+            orc = task.get("oracle", {}).get("test", {})
+            rows.append({"model": model, "task": tname, "policy": name, "claim": CLAIM, "verdict": v, "figure": fig,
+                         "delta": m["delta"], "epsilon": m["epsilon"],
+                         "oracle": (f"earliest-agreeing exits: {orc.get('delta', float('nan')):+.1f} points at "
+                                    f"{orc.get('avg_layers', float('nan')):.1f} layers") if orc else ""})
+    return rows
+
+
+def machine(env: dict) -> str:
+    cpu = env.get("cpu", "?")
+    gpus = env.get("gpus") or []
+    threads = env.get("torch_threads")
+    return (", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus) or
+            f"{cpu} ({env.get('cpu_count', '?')} cores, {threads} torch threads)")
+
+
+def figure(m: dict, path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    delta = m["delta"]
+    ax.axvspan(0, 100 * delta, color="tab:green", alpha=0.12, label=f"budget ≤ {100 * delta:g} % of tokens")
+    for name, rows in m["curves"].items():
+        x = [100 * r["test"]["token_disagreement"] for r in rows]
+        y = [r["test"]["modelled_speedup"] for r in rows]
+        line, = ax.plot(x, y, marker="o", ms=3, label=f"{m['policies'][name]['label']} (replayed, modelled)")
+        for p in m["measured"].get(name, []):
+            lo, hi = p["speedup_ci"]
+            ax.errorbar([100 * p["own_context_disagreement"]], [p["speedup"]], yerr=[[p["speedup"] - lo], [hi - p["speedup"]]],
+                        fmt="s", color=line.get_color(), ms=5, mfc="none", capsize=2)
+    for name, pts in m["measured"].items():
+        if name in m["curves"]:
+            continue
+        x = [100 * p["own_context_disagreement"] for p in pts]
+        y = [p["speedup"] for p in pts]
+        ax.plot(x, y, marker="s", ls="--", label=f"{name} (measured)")
+    ox = [100 * o["token_disagreement"] for o in m["oracle"]]
+    oy = [o["modelled_speedup"] for o in m["oracle"]]
+    ax.plot(ox, oy, color="black", lw=2, label="oracle (earliest agreeing layer; budget on the largest savings)")
+    for name, p in m["lossless_peers"].items():
+        lo, hi = p["speedup_ci"]
+        ax.errorbar([0], [p["speedup"]], yerr=[[p["speedup"] - lo], [hi - p["speedup"]]], fmt="*", ms=10,
+                    capsize=2, label=f"{p['label']} (lossless, measured)")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("tokens differing from the full stack (%, test prompts)")
+    ax.set_ylabel("decode speedup against dense (×)")
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=130)
+    fig.savefig(path.with_suffix(".pdf"))
+    plt.close(fig)
+
+
+def budget_table(m: dict, calibration: dict) -> list[str]:
+    lines = ["| policy | calibrated point | calibration loss (bound) | held-out loss | guarantee held | modelled speedup | "
+             "measured speedup [95 %] |", "|---|---|---|---|---|---|---|"]
+    for name, cal in calibration.items():
+        label = m["policies"][name]["label"]
+        if cal["chosen"] is None:
+            lines.append(f"| {label} | none | – | – | – | – | {cal.get('why_none', '')} |")
+            continue
+        pt = next((p for p in m["measured"].get(name, []) if p["index"] == cal["chosen"]), None)
+        meas = f"{pt['speedup']:.3f} [{pt['speedup_ci'][0]:.3f}, {pt['speedup_ci'][1]:.3f}]" if pt else "–"
+        lines.append(f"| {label} | {m['policies'][name]['knob']} = {cal['value']:g} | {cal['calibration_loss']:.4f} "
+                     f"({cal['calibration_bound']:.4f}) | {cal['test_loss']:.4f} | {'yes' if cal['guarantee_held'] else 'no'} "
+                     f"| {cal['modelled_speedup']:.3f} | {meas} |")
+    return lines
+
+
+def summary_md(doc: dict) -> str:
+    m, cfg = doc["metrics"], doc.get("config", {})
+    model = cfg.get("model", {}).get("name", "?")
+    env = doc.get("env", {})
+    d, eps = m["delta"], m["epsilon"]
+    lines = [f"# Speed at a loss budget: {model}", "",
+             f"Model `{model}` ({m['num_layers']} layers); Spec-Bench prompts: {m['prompts']['calibration']} "
+             f"calibration, {m['prompts']['test']} test ({m['prompts']['timed']} timed), {m['max_new_tokens']} new "
+             f"tokens each. Budget δ = {d:g}, confidence 1 − ε = {1 - eps:g}. Run time {m['seconds'] / 60:.1f} min on "
+             f"{machine(env)}; created {doc.get('created', '?')}.", "",
+             "Replayed points: exits replayed from one teacher-forced pass under dense's trajectory (exact up to "
+             "each sequence's first exit), speed from the cost model with unit costs measured in the same job. "
+             "Measured points: real runs beside dense, step by step in turn, on the timed test prompts.", "",
+             "![frontier](frontier.png)", "",
+             f"## At the paper's budget (≤ {100 * d:g} % of tokens differing, Spec-Bench)", ""]
+    lines += budget_table(m, m["calibration"])
+    for dd, cal in m.get("calibration_at", {}).items():
+        if float(dd) != d:
+            lines += ["", f"### At a {100 * float(dd):g} % budget (no verdict: what this many prompts can certify)", ""]
+            lines += budget_table(m, cal)
+    if m.get("left_out"):
+        lines += [""] + [f"Left out: {k}: {v}" for k, v in m["left_out"].items()]
+    ob = min(m["oracle"], key=lambda o: abs(o["budget"] - d))
+    lines += ["", f"What early exit could give here (the oracle at a {ob['budget']:g} token budget): "
+              f"{ob['modelled_speedup']:.3f}× modelled, {ob['avg_layers']:.1f} layers per token.", ""]
+    for tname, task in m.get("tasks", {}).items():
+        lines += [f"### {tname}", ""]
+        dn = task["dense"]["test"]
+        if task.get("rolling"):
+            lines.append(f"Dense bits/byte {dn['bits_per_byte']:.3f} (test half, {dn['n']} documents).")
+        else:
+            lines.append(f"Dense {100 * dn['accuracy']:.1f} % (test half, {dn['n']} items); chance "
+                         f"{100 * (task.get('chance') or 0):.1f} %; " + ("testable." if task.get("testable") else
+                                                                      f"not testable: {task.get('why_not_testable')}."))
+            for dd, cals in (task.get("calibration_at") or {}).items():
+                for name, cal in cals.items():
+                    head = f"- δ = {float(dd):g}, {m['policies'][name]['label']}: "
+                    if cal.get("chosen") is None:
+                        lines.append(head + str(cal.get("why_none")))
+                    else:
+                        lines.append(head + f"{m['policies'][name]['knob']} = {cal['value']:g}, calibration flips "
+                                     f"{cal['calibration_loss']:.4f} (bound {cal['calibration_bound']:.4f}), held-out "
+                                     f"{cal['test_loss']:.4f}, guarantee {'held' if cal['guarantee_held'] else 'failed'}, "
+                                     f"modelled speedup {cal['modelled_speedup']:.3f}")
+        lines += ["", "| policy | point | layers | Δ (test) [95 %] |", "|---|---|---|---|"]
+        unit = "bits/byte" if task.get("rolling") else "points"
+        for name, pts in task["points"].items():
+            for p in pts:
+                t = p["test"]
+                lines.append(f"| {m['policies'][name]['label']} | {m['policies'][name]['knob']} = {p['value']:g} | "
+                             f"{t['avg_layers']:.1f} | {t['delta']:+.3f} [{t['delta_ci'][0]:+.3f}, {t['delta_ci'][1]:+.3f}] {unit} |")
+        lines.append("")
+    lines += ["## Every operating point (test prompts)", "",
+              "| policy | point | layers | tokens differing | sequences identical | modelled speedup [band] |",
+              "|---|---|---|---|---|---|"]
+    for name, rows in m["curves"].items():
+        for r in rows:
+            t = r["test"]
+            lines.append(f"| {m['policies'][name]['label']} | {r['knob']} = {r['value']:g} | {t['avg_layers']:.2f} | "
+                         f"{100 * t['token_disagreement']:.2f} % | {100 * t['sequence_identity']:.1f} % | "
+                         f"{t['modelled_speedup']:.3f} [{t['modelled_band'][0]:.3f}, {t['modelled_band'][1]:.3f}] |")
+    lines += ["", "## Oracle", "", "| token budget | layers | tokens differing | modelled speedup |", "|---|---|---|---|"]
+    for o in m["oracle"]:
+        lines.append(f"| {o['budget']:g} | {o['avg_layers']:.2f} | {100 * o['token_disagreement']:.2f} % | {o['modelled_speedup']:.3f} |")
+    lines += ["", "## Measured runs and replay against reality", "",
+              "| policy | point | measured speedup [95 %] | layers real / replay | tokens differing real (own context) / replay | sequences identical real / replay |",
+              "|---|---|---|---|---|---|"]
+    for name, pts in m["measured"].items():
+        agree = {p["value"]: p for p in m["replay_vs_real"].get(name, {}).get("points", [])}
+        for p in pts:
+            a = agree.get(p["value"])
+            rl = f"{p['avg_layers']:.2f} / {a['replay_avg_layers']:.2f}" if a else f"{p['avg_layers']:.2f} / –"
+            rd = (f"{100 * p['own_context_disagreement']:.2f} % / {100 * a['replay_disagreement']:.2f} %" if a
+                  else f"{100 * p['own_context_disagreement']:.2f} % / –")
+            rs = (f"{100 * p['sequence_identity']:.1f} % / {100 * a['replay_sequence_identity']:.1f} %" if a
+                  else f"{100 * p['sequence_identity']:.1f} % / –")
+            lines.append(f"| {name} | {p['value']:g} | {p['speedup']:.3f} [{p['speedup_ci'][0]:.3f}, {p['speedup_ci'][1]:.3f}] | "
+                         f"{rl} | {rd} | {rs} |")
+    for name, p in m["lossless_peers"].items():
+        lines.append(f"| {name} (lossless) | – | {p['speedup']:.3f} [{p['speedup_ci'][0]:.3f}, {p['speedup_ci'][1]:.3f}] | "
+                     f"– | {100 * p['own_context_disagreement']:.2f} % | {100 * p['sequence_identity']:.1f} % |")
+    gaps = [(n, a["max_layer_gap"], a["max_disagreement_gap"]) for n, a in m["replay_vs_real"].items() if a["points"]]
+    if gaps:
+        lines += ["", "Replay against real runs, largest gaps per policy: " + "; ".join(
+            f"{n}: {lg:.2f} layers, {100 * dg:.2f} points of tokens differing" for n, lg, dg in gaps) + "."]
+    lines += ["", "## Verdicts", "", "| model | task | policy | claim | verdict | figure | oracle |", "|---|---|---|---|---|---|---|"]
+    for v in m["verdicts"]:
+        lines.append(f"| {v['model']} | {v['task']} | {v['policy']} | {v['claim']} (δ = {v['delta']:g}) | "
+                     f"{v['verdict']} | {v['figure']} | {v['oracle']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(doc: dict, out_dir: Path) -> Path:
+    """summary.md, frontier.png/.pdf and results.json (a copy) under ``out_dir``."""
+    m = doc.get("metrics", {})
+    if not isinstance(m, dict) or "curves" not in m:
+        raise SpeceeError(f"not a frontier result (no curves): rerun experiment=frontier into {out_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = doc.get("config", {}).get("model", {}).get("name", "?")
+    figure(m, out_dir / "frontier", f"{model}: speed against tokens differing from the full stack")
+    (out_dir / "summary.md").write_text(summary_md(doc), encoding="utf-8")
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
+    print(f"wrote {out_dir / 'summary.md'}")
+    return out_dir
+
+
+def verdict_table_rows(docs) -> list[dict]:
+    """The frontier's joint verdicts as rows of the report's verdict table (specee/verdicts.py)."""
+    rows = []
+    for d in docs:
+        if d.get("config", {}).get("experiment", {}).get("_target_") != "experiments.frontier.run":
+            continue
+        for v in d["metrics"].get("verdicts", []):
+            rows.append({"claim": f"SpecEE at ≤ {100 * v['delta']:g} % loss is faster than dense", "model": v["model"],
+                         "task": v["task"], "protocol": f"frontier (LTT, 1 − ε = {1 - v['epsilon']:g})",
+                         "mode": v["policy"], "bank": "trained", "bank_source": None, "figure": v["figure"] or "–",
+                         "verdict": v["verdict"], "why": f"oracle: {v['oracle']}" if v.get("oracle") else None,
+                         "rule": "the fastest point certified ≤ δ on the calibration half (Learn-then-Test), its "
+                                 "held-out loss ≤ δ and its measured speedup's 95 % CI against 1"})
+    return rows

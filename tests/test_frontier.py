@@ -1,0 +1,214 @@
+"""experiment=frontier: replay against the real decoder, monotone frontiers, Learn-then-Test's
+guarantee on synthetic losses whose truth is known, and the recipe end to end on tiny."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, run_cli
+from specee.frontier import calibrate
+from specee.frontier.record import record_generation
+from specee.frontier.replay import Policy, generation_metrics, layer_thresholds, oracle_exits, oracle_orders, replay
+
+
+def _cfg(*over):
+    from hydra import compose, initialize_config_dir
+    from specee.config import register
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", ["model=tiny", *over])
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tiny):
+    from specee.bench.inputs import load_prompts
+    from specee.decoding import build_decoder
+    from specee.decoding.dense import DenseDecoder
+    from specee.prompts import PromptEncoder
+    from specee.runtime import LayerwiseLM
+    model, tok = tiny
+    rt = LayerwiseLM(model)
+    cfg_t2 = _cfg("ablation=specee_t1_t2", "dataset.count=1", "dataset.offset=30")
+    cfg_t1 = _cfg("ablation=specee_t1")
+    cfg_svm = _cfg("ablation=adainfer")
+    decs = {"t2": build_decoder(cfg_t2, rt), "t1": build_decoder(cfg_t1, rt), "svm": build_decoder(cfg_svm, rt)}
+    enc = PromptEncoder.for_runtime(tok, rt, 24)
+    prompts = [enc(p["text"]) for p in load_prompts(cfg_t2)[:4]]
+    dense = DenseDecoder(rt)
+    gens = [dense.generate(ids, 24, None).tokens for ids in prompts]
+    d = decs["t2"]
+    recs = [record_generation(rt, d.draft, {"bank": d.predictors}, d.k, ids, g, svm=decs["svm"].svm)
+            for ids, g in zip(prompts, gens)]
+    return rt, decs, prompts, gens, recs
+
+
+def _policy(dec, kind="specee"):
+    if kind == "svm":
+        return Policy("adainfer", "adainfer", "svm", "margin", [0.5, 0.0, -0.3])
+    return Policy("p", "p", "specee", "threshold", [0.9, 0.5, 0.2], bank="bank", schedule=dec.schedule,
+                  can_exit=list(dec.can_exit))
+
+
+@pytest.mark.parametrize("which", ["t1", "t2"])
+@pytest.mark.parametrize("threshold", [0.2, 0.5, 0.9])
+def test_replayed_exits_equal_real_exits_until_the_first_exit(tiny_setup, which, threshold):
+    """Where replay is exact — every step up to and including a sequence's first exit (before it the
+    decoder's K/V, draft feature and schedule are dense's) — the replayed exit layer, emitted token
+    and work (predictor calls, verification heads) equal the real decoder's, step for step."""
+    rt, decs, prompts, gens, recs = tiny_setup
+    dec = decs[which]
+    dec.predictors.set_threshold(threshold)
+    pol = _policy(dec)
+    thr = layer_thresholds(pol, threshold, recs)
+    compared = exits_seen = 0
+    for ids, rec in zip(prompts, recs):
+        real = dec.generate(ids, 24, None)
+        ex = replay(rec, pol, thr)
+        for t, step in enumerate(real.trace):
+            assert step["exit_layer"] == ex.layer[t], (t, step["exit_layer"], ex.layer[t])
+            assert real.tokens[t + 1] == ex.token[t]
+            assert step["pred_calls"] == ex.pred_calls[t] and step["verify_calls"] == ex.verify_calls[t]
+            compared += 1
+            if step["exit_layer"] < rt.num_layers - 1:
+                exits_seen += 1
+                break
+    assert compared > 0
+    if threshold <= 0.5:
+        assert exits_seen > 0  # the comparison reached an exit, not only full-stack steps
+
+
+def test_a_monotone_threshold_grid_gives_monotone_layers(tiny_setup):
+    """All-layer predictors (no schedule history): a lower threshold fires at a superset of layers,
+    so no step exits later; the SVM's margin likewise. Average layers never grow down the grid."""
+    _, decs, _, _, recs = tiny_setup
+    for pol, grid in ((_policy(decs["t1"]), [0.99, 0.9, 0.7, 0.5, 0.3, 0.1, 0.01]),
+                      (_policy(None, "svm"), [1.5, 0.5, 0.0, -0.3, -1.0])):
+        layers = [generation_metrics(recs, [replay(r, pol, layer_thresholds(pol, v, recs) if pol.kind == "specee"
+                                                   else v) for r in recs])["avg_layers"] for v in grid]
+        assert all(a >= b for a, b in zip(layers, layers[1:])), layers
+        assert layers[0] > layers[-1]  # the grid moves something on tiny
+
+
+def test_the_oracle_is_lossless_at_no_budget_and_bounds_every_policy(tiny_setup):
+    _, decs, _, _, recs = tiny_setup
+    ex = [oracle_exits(r) for r in recs]
+    g = generation_metrics(recs, ex)
+    assert g["token_disagreement"] == 0.0
+    pol = _policy(decs["t1"])
+    for v in (0.9, 0.5, 0.2):
+        p = generation_metrics(recs, [replay(r, pol, layer_thresholds(pol, v, recs)) for r in recs])
+        if p["token_disagreement"] == 0:
+            assert p["avg_layers"] >= g["avg_layers"]  # no lossless rule exits earlier than the oracle
+    spent = [oracle_exits(r, o) for r, o in zip(recs, oracle_orders(recs, 0.1))]
+    gb = generation_metrics(recs, spent)
+    assert gb["avg_layers"] < g["avg_layers"] and gb["token_disagreement"] <= 0.1 + 1e-9
+
+
+@pytest.mark.parametrize("bound", ["binomial", "hoeffding_bentkus"])
+def test_learn_then_test_keeps_its_guarantee_where_the_truth_is_known(bound):
+    """Synthetic policies whose true loss per point is known: over many seeds the chosen point's
+    true loss exceeds delta in at most an epsilon share of them; choosing by the empirical loss alone
+    (the naive rule) violates far more often, so the test can tell the two apart."""
+    rng = np.random.default_rng(0)
+    delta, eps, n, seeds = 0.05, 0.1, 300, 400
+    true = np.array([0.0, 0.01, 0.03, 0.045, 0.051, 0.07, 0.1])  # conservative -> fast
+    lt_bad = naive_bad = 0
+    for _ in range(seeds):
+        if bound == "binomial":
+            losses = [rng.random(n) < p for p in true]
+        else:  # bounded losses in [0, 1] with mean p: a share of 10 Bernoulli tokens per unit
+            losses = [rng.binomial(10, p, n) / 10 for p in true]
+        lt = calibrate.fixed_sequence(losses, delta, eps, bound)
+        if lt["certified"] and true[lt["certified"] - 1] > delta:
+            lt_bad += 1
+        ok = [j for j, l in enumerate(losses) if l.mean() <= delta]
+        if ok and true[max(ok)] > delta:
+            naive_bad += 1
+    assert lt_bad / seeds <= eps
+    assert naive_bad / seeds > 2 * eps
+
+
+def test_calibration_says_why_no_point_is_certified():
+    from importlib import import_module
+    frontier = import_module("experiments.frontier")
+    rows = [{"value": v, "calibration": {"per_request_loss": [0.0] * 13, "modelled_speedup": 1.0},
+             "test": {"per_request_loss": [0.0] * 13, "modelled_speedup": 1.0, "avg_layers": 30.0}} for v in (0.9, 0.5)]
+    cal = frontier.calibrate_policy(rows, 0.01, 0.05, "hoeffding_bentkus", lambda r, h: r[h]["per_request_loss"])
+    assert cal["chosen"] is None and "needs 299" in cal["why_none"]
+    assert calibrate.min_units(0.01, 0.05, "binomial") == 299
+    rows = [{"value": v, "calibration": {"per_request_loss": [0.0] * 400, "modelled_speedup": s},
+             "test": {"per_request_loss": [0.0] * 40, "modelled_speedup": s, "avg_layers": 30.0}}
+            for v, s in ((0.9, 0.9), (0.5, 1.2))]
+    cal = frontier.calibrate_policy(rows, 0.01, 0.05, "hoeffding_bentkus", lambda r, h: r[h]["per_request_loss"])
+    assert cal["chosen"] == 1 and cal["guarantee_held"] and cal["calibration_bound"] <= 0.01
+
+
+@pytest.mark.parametrize("over, says", [
+    ("experiment.delta=0", "experiment.delta=0.0 must lie strictly between 0 and 1"),
+    ("experiment.epsilon=1.0", "experiment.epsilon=1.0 must lie strictly between 0 and 1"),
+    ("experiment.threshold_grid=[]", "experiment.threshold_grid has 0 point(s)"),
+    ("experiment.extra_deltas=[2]", "experiment.extra_deltas"),
+])
+def test_bad_budget_or_grid_is_one_line(over, says, tmp_path):
+    res = run_cli("experiment=frontier", over, f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 2
+    assert says in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+MINIMAL = ["experiment=frontier", "model=tiny", "experiment.count=1", "experiment.max_new_tokens=6",
+           "experiment.timed_prompts=2", "experiment.cost_rounds=3", "experiment.measured_points=1",
+           "experiment.real_only_grid=[0.5]", "experiment.lossless_peers=[pld]",
+           "experiment.policies=[specee_t1_t2,specee_t1_t2_tuned,adainfer]",
+           "experiment.threshold_grid=[0.9,0.5,0.2]", "experiment.precision_grid=[0.95,0.7]",
+           "experiment.margin_grid=[0.5,-0.3]"]
+
+
+def test_frontier_end_to_end_on_tiny(tmp_path):
+    """The recipe at minimal size: every policy's points with speed and quality, the oracle, the
+    calibration block, measured points beside replayed ones, the report and the verdict rows."""
+    report = tmp_path / "report"
+    res = run_cli(*MINIMAL, f"experiment.report_dir={report}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    m = doc["metrics"]
+    assert set(m["curves"]) == {"specee_t1_t2", "specee_t1_t2_tuned", "adainfer"}
+    for name, rows in m["curves"].items():
+        assert len(rows) >= 2
+        for r in rows:
+            t = r["test"]
+            assert 1 <= t["avg_layers"] <= m["num_layers"] and 0 <= t["token_disagreement"] <= 1
+            assert t["modelled_speedup"] > 0 and len(t["modelled_band"]) == 2
+        cal = m["calibration"][name]
+        assert {"delta", "epsilon", "chosen", "p_values"} <= set(cal)
+        assert m["measured"][name] and all(len(p["speedup_ci"]) == 2 for p in m["measured"][name])
+    assert m["oracle"][0]["token_disagreement"] == 0
+    assert m["measured"]["specee_full"] and m["lossless_peers"]["pld"]["sequence_identity"] == 1.0
+    assert m["verdicts"] and {v["verdict"] for v in m["verdicts"]} <= {"confirmed", "refuted", "inconclusive",
+                                                                        "not testable"}
+    summary = (report / "summary.md").read_text()
+    assert "At the paper's budget" in summary and (report / "frontier.png").stat().st_size > 1000
+    from specee.frontier.pages import verdict_table_rows
+    assert len(verdict_table_rows([doc])) == len(m["verdicts"])
+
+
+@pytest.mark.slow
+def test_frontier_with_a_task_on_tiny(tmp_path):
+    """Task replay through lm-eval: per point accuracy change with its interval; tiny sits at chance
+    on PIQA, so its verdict is 'not testable'."""
+    report = tmp_path / "report"
+    res = run_cli(*MINIMAL, "experiment.tasks=[piqa]", "experiment.task_limit=6", f"experiment.report_dir={report}",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]
+    piqa = m["tasks"]["piqa"]
+    assert piqa["dense"]["test"]["n"] + piqa["dense"]["calibration"]["n"] == 6
+    for pts in piqa["points"].values():
+        for p in pts:
+            assert len(p["test"]["delta_ci"]) == 2 and len(p["test"]["flips"]) == p["test"]["n"]
+    assert any(v["task"] == "piqa" for v in m["verdicts"])
