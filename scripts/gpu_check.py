@@ -204,7 +204,9 @@ def satisfies(version: str, spec: str) -> bool:
         return all(nums(version) >= nums(s[2:]) for s in spec.split(",") if s.startswith(">="))
 
 
-def fix_for(dist: str, spec: str) -> str:
+def fix_for(dist: str, spec: str, missing: bool = False) -> str:
+    if dist in KEEP_IMAGES and missing:
+        return f"a machine whose image has a CUDA build of {dist} (docs/gpu.md: install on a GPU)"
     if dist in KEEP_IMAGES:
         return (f"keep the image's CUDA build (a torch wheel is gigabytes and pulls CUDA); {dist}{spec} is the "
                 "project's pin, an older one only loses what the plan says")
@@ -242,7 +244,7 @@ def preflight(dry_run_: bool, version_of: Callable[[str], str | None] = installe
         versions[dist] = v
         if v is None:
             findings.append({"what": dist, "blocking": True,
-                             "line": f"{dist} is not installed (the project needs {dist}{spec}); fix: {fix_for(dist, spec)}"})
+                             "line": f"{dist} is not installed (the project needs {dist}{spec}); fix: {fix_for(dist, spec, True)}"})
         elif not satisfies(v, spec):
             blocking = dist not in KEEP_IMAGES
             findings.append({"what": dist, "blocking": blocking,
@@ -478,6 +480,7 @@ def goals(steps: list[dict]) -> list[dict]:
     by = {r["step"]: r.get("figures") or {} for r in steps if r.get("figures")}
     why = {r["step"]: f"{r['status']}: {r.get('why') or last_line(r.get('error'))}" for r in steps
            if r.get("status") not in ("passed",)}
+    failed_checks = [r["step"] for r in steps if r.get("status") == "check failed"]
     out = []
     for g in goal_rows(by):
         ok = g.pop("_ok")
@@ -488,6 +491,10 @@ def goals(steps: list[dict]) -> list[dict]:
             g["verdict"] = "stated"
         else:
             g["verdict"] = "met" if ok(g["measured"]) else "missed"
+        # a figure from a step that failed a GPU-only check (graphs recorded while timed, ...) is suspect
+        suspect = [n for n in failed_checks if n in (g["from"] or "")]
+        if g["measured"] is not None and suspect:
+            g["verdict"] += f" (suspect: {', '.join(suspect)} failed a GPU-only check)"
         out.append(g)
     return out
 
@@ -563,7 +570,7 @@ def last_line(text) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def log_tail(path: Path, lines: int = 60, chars: int = 6000) -> str:
+def log_tail(path: Path, lines: int = 120, chars: int = 12000) -> str:
     """The end of a step's log as a terminal shows it (a progress bar's redraws collapsed)."""
     try:
         raw = path.read_text(errors="replace")
@@ -767,7 +774,9 @@ def markdown(doc: dict) -> str:
              + ", ".join(f"{k} {v.get(k)}" for k in ("torch", "transformers", "hydra-core", "omegaconf",
                                                      "nvidia-ml-py")) + ".",
              f"Command: `{info.get('command', '?')}`. Budget {fmt(info.get('budget_s'), 0)} s, "
-             f"{fmt(info.get('used_s'), 0)} s used. Each row is one `run.py experiment=speed` job (its "
+             f"{fmt(info.get('used_s'), 0)} s used"
+             + "".join(f"; earlier in this folder: `{e.get('command')}` ({fmt(e.get('used_s'), 0)} s)"
+                       for e in info.get("earlier_runs", [])) + ". Each row is one `run.py experiment=speed` job (its "
              "results.json under results/, its log under logs/). The 7B rows use random weights and replayed "
              "exits: they measure cost, not quality.", ""]
     findings = pre.get("findings") or []
@@ -928,6 +937,9 @@ def _main(args, argv, version_of, gpu) -> int:
     info = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "budget_s": budget_s, "dry_run": args.dry_run,
             "command": "python scripts/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "plan": rows, "gpu": g.get("gpu"), "used_s": 0}
+    if (out / "check.json").is_file():  # a rerun of some steps into the same folder: the earlier runs kept
+        earlier = json.loads((out / "check.json").read_text())
+        info["earlier_runs"] = earlier.pop("earlier_runs", []) + [earlier]
     write_json(out / "check.json", info)
     write_json(out / "preflight.json", report)
     check = Check(out, cache, args.dry_run, budget_s, steps)
