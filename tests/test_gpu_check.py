@@ -363,3 +363,82 @@ def test_a_rerun_of_named_steps_keeps_the_other_steps_figures(tmp_path):
                                                                     (second.name, "passed")]
     assert (out / "results" / f"{first.name}.json").is_file() and (out / "results" / f"{second.name}.json").is_file()
     assert "## Failed, timed out or killed" not in (out / "summary.md").read_text()
+
+
+def test_the_check_keeps_its_hard_budget(monkeypatch, tmp_path):
+    now = [0.0]
+    monkeypatch.setattr(gpu_check.time, "perf_counter", lambda: now[0])
+    timeouts = []
+
+    def run_step(self, step, overrides, timeout):  # every step uses all it is given
+        timeouts.append(timeout)
+        now[0] += timeout
+        row = {"step": step.name, "status": "passed", "seconds": timeout, "timeout_s": timeout}
+        self.record(row)
+        return row
+    monkeypatch.setattr(gpu_check.Check, "run_step", run_step)
+    out = tmp_path / "out"
+    assert gpu_check.main(["--budget-min", "5", "--out", str(out), "--cache-dir", str(tmp_path / "c")],
+                          version_of=versions(), gpu=h200()) == 0
+    assert sum(timeouts) <= 5 * 60 - gpu_check.RESERVE_S and all(t >= gpu_check.MIN_STEP_S for t in timeouts)
+    doc = json.loads((out / "summary.json").read_text())
+    skipped = [r for r in doc["steps"] if r["status"] == "skipped"]
+    assert len(skipped) == len(gpu_check.STEPS) - len(timeouts) > 0
+    # the device step may be skipped first for this machine's torch (no conditional nodes)
+    assert all("time budget spent" in r["why"] and "--steps" in r["why"] for r in skipped
+               if r["step"] != DEVICE or "time budget" in r["why"])
+    assert doc["check"]["budget_s"] == 300 and doc["check"]["plan"][0]["step"] == gpu_check.STEP_NAMES[0]
+
+
+def test_a_graphed_step_fails_when_graphs_are_skipped_missing_or_recorded_while_timed():
+    graphed = STEPS["llama2_7b_dense_graphed_aa"].overrides
+    device = STEPS[DEVICE].overrides
+    good = {"runtime": {"kind": "compiled", "cudagraphs": True, "cudagraph_skips_in_warmup": 0,
+                        "cudagraph_skips_in_timed_runs": 0, "cudagraph_captures_in_warmup": 64,
+                        "cudagraph_captures_in_timed_runs": 0, "graphs_compiled_in_timed_runs": 0,
+                        "device_walk_captures_in_warmup": 2, "device_walk_captures_in_timed_runs": 0},
+            "energy": {"available": True, "windows": 2, "counter_updates": 40, "min_counter_updates_per_window": 20},
+            "syncs_per_token": 1.0}
+    for overrides in (graphed, device):
+        verdicts = {c["check"]: c["verdict"] for c in gpu_check.gpu_only_checks(overrides, good, False)}
+        assert "fail" not in verdicts.values() and "pass" in verdicts.values()
+    for bad in ({"cudagraph_skips_in_timed_runs": 1}, {"cudagraph_captures_in_warmup": 0},
+                {"cudagraph_captures_in_warmup": None}, {"graphs_compiled_in_timed_runs": 2},
+                {"cudagraph_captures_in_timed_runs": 3}):
+        m = {**good, "runtime": {**good["runtime"], **bad}}
+        assert "fail" in [c["verdict"] for c in gpu_check.gpu_only_checks(graphed, m, False)], bad
+    for bad in ({"device_walk_captures_in_timed_runs": 1}, {"device_walk_captures_in_warmup": 0},
+                {"device_walk_captures_in_warmup": None}):  # the walk's own graphs, counted apart
+        m = {**good, "runtime": {**good["runtime"], **bad}}
+        assert "fail" in [c["verdict"] for c in gpu_check.gpu_only_checks(device, m, False)], bad
+        assert "fail" not in [c["verdict"] for c in gpu_check.gpu_only_checks(graphed, m, False)], bad
+    # a dry run on the CPU has no CUDA graphs: reported, not failed
+    assert "fail" not in [c["verdict"] for c in gpu_check.gpu_only_checks(graphed, {"runtime": {}}, True)]
+
+
+def test_a_failed_step_keeps_its_full_error_not_hydras_last_line(tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    out.mkdir()
+    crash = textwrap.dedent("""
+        import os, sys
+        print("HYDRA_FULL_ERROR=" + os.environ.get("HYDRA_FULL_ERROR", ""))
+        print("speed t1_t2: 40%|####      | 2/5", end="\\r", flush=True)
+        print("Traceback (most recent call last):\\n  File \\"decoding/tree.py\\", line 1, in step", file=sys.stderr)
+        print("RuntimeError: CUDA error: misaligned address", file=sys.stderr)
+        print("\\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", file=sys.stderr)
+        sys.exit(1)
+    """)
+
+    class Crashing(gpu_check.Check):
+        def command(self, step, overrides, run_dir):
+            return [sys.executable, "-c", crash]
+    (row,) = gpu_check.run_steps(Crashing(out, cache, False, 600, [STEPS["tiny_eagle_float16"]]))
+    assert row["status"] == "failed" and row["rc"] == 1
+    assert row["error"].startswith("Traceback (most recent call last):")
+    assert "RuntimeError: CUDA error: misaligned address" in row["error"]
+    log = (out / "logs" / "tiny_eagle_float16.log").read_text()
+    assert "HYDRA_FULL_ERROR=1" in log  # the step ran with Hydra's full errors on
+    md = (out / "summary.md").read_text()
+    assert "RuntimeError: CUDA error: misaligned address" in md and "--steps tiny_eagle_float16" in md
+    goal = {g["figure"]: g for g in json.loads((out / "summary.json").read_text())["goals"]}
+    assert all(g["measured"] is None for g in goal.values())
