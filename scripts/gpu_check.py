@@ -233,12 +233,22 @@ def probe_gpu() -> dict:
     return info
 
 
+IMPORTS = {"transformers": "transformers", "hydra": "hydra-core", "omegaconf": "omegaconf", "pynvml": "nvidia-ml-py"}
+
+
 def preflight(dry_run_: bool, version_of: Callable[[str], str | None] = installed_version,
-              gpu: Callable[[], dict] = probe_gpu, requirements: dict | None = None) -> dict:
+              gpu: Callable[[], dict] = probe_gpu, requirements: dict | None = None,
+              import_module: Callable = __import__) -> dict:
     """Versions against the project's floors, the GPU's free memory and conditional-node support.
     Each finding is one line with its fix; ``blocking`` ones stop the check before any step."""
-    reqs = requirements or project_requirements()
     findings, versions = [], {}
+    if sys.version_info < (3, 11):
+        py = ".".join(map(str, sys.version_info[:3]))
+        findings.append({"what": "python", "blocking": True,
+                         "line": f"Python {py} is below the project's requires-python >=3.11 (pyproject.toml); fix: "
+                                 "run the check with a Python >= 3.11 that has the image's torch"})
+        return {"versions": {"python": py}, "requirements": {}, "findings": findings}
+    reqs = requirements or project_requirements()
     for dist, spec in reqs.items():
         v = version_of(dist)
         versions[dist] = v
@@ -253,6 +263,18 @@ def preflight(dry_run_: bool, version_of: Callable[[str], str | None] = installe
     report = {"versions": versions, "requirements": reqs, "findings": findings}
     if any(f["blocking"] for f in findings):
         return report  # the GPU is not probed with a broken stack: the first fix comes first
+    # Right versions can still fail to import together (a newer transformers over the image's
+    # huggingface_hub or tokenizers): every step would die at its first line.
+    for module, dist in IMPORTS.items():
+        try:
+            import_module(module)
+        except Exception as err:  # noqa: BLE001 - said as a finding, with its fix
+            findings.append({"what": dist, "blocking": True,
+                             "line": f"import {module} fails ({type(err).__name__}: {one_line(err)[:300]}); fix: "
+                                     "carry the wheel of the package it names and pip install --no-index --no-deps "
+                                     "it (docs/gpu.md)"})
+    if any(f["blocking"] for f in findings):
+        return report
     if dry_run_:
         report["gpu"] = {"cuda": False, "note": "dry run: every step on the CPU"}
         return report

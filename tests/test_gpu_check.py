@@ -127,6 +127,15 @@ def test_preflight_says_each_missing_piece_in_one_line_with_its_fix():
     assert [f["what"] for f in r["findings"] if f["blocking"]] == ["gpu"]
     assert gpu_check.preflight(False, version_of=versions(), gpu=h200())["findings"] == []
 
+    def import_module(name):  # right versions that do not import together
+        if name == "transformers":
+            raise ImportError("huggingface-hub>=1.3 is required for a normal functioning of this module")
+        return __import__(name)
+    r = gpu_check.preflight(False, version_of=versions(), gpu=h200(), import_module=import_module)
+    (f,) = r["findings"]
+    assert f["blocking"] and f["line"].startswith("import transformers fails (ImportError: huggingface-hub>=1.3")
+    assert "fix:" in f["line"] and "gpu" not in r
+
 
 def test_offline_recipe_carries_wheels_installs_without_dependencies_and_never_torch(capsys):
     rc = gpu_check.main(["--preflight"], version_of=versions(omegaconf="2.2.0"), gpu=h200())
@@ -442,3 +451,16 @@ def test_a_failed_step_keeps_its_full_error_not_hydras_last_line(tmp_path):
     assert "RuntimeError: CUDA error: misaligned address" in md and "--steps tiny_eagle_float16" in md
     goal = {g["figure"]: g for g in json.loads((out / "summary.json").read_text())["goals"]}
     assert all(g["measured"] is None for g in goal.values())
+
+
+def test_the_device_walks_captures_are_counted_apart_from_inductors():
+    from conftest import random_lm
+    from specee.compiled import CompiledLM, graph_stats
+    model = random_lm()
+    assert graph_stats(CompiledLM(model))["device_walk_captures"] is None  # host exits: no walk to count
+    rt = CompiledLM(model, exit_control="device")
+    assert graph_stats(rt)["device_walk_captures"] == 0  # not built yet: nothing recorded
+    from specee.device_walk import DeviceWalk
+    rt._device_walk = DeviceWalk(rt)
+    rt._device_walk.captures = 3  # what capture() counts on a GPU
+    assert graph_stats(rt)["device_walk_captures"] == 3
