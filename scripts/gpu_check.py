@@ -500,15 +500,17 @@ def goal_rows(by: dict) -> list[dict]:
 def goals(steps: list[dict]) -> list[dict]:
     """Each goal with its measured value, where it came from, and met / missed / not measured (why)."""
     by = {r["step"]: r.get("figures") or {} for r in steps if r.get("figures")}
-    why = {r["step"]: f"{r['status']}: {r.get('why') or last_line(r.get('error'))}" for r in steps
-           if r.get("status") not in ("passed",)}
+    # why a step left no figures (a step that failed a GPU-only check still has them)
+    why = {r["step"]: f"{r['status']}: {r.get('why') or last_line(r.get('error'))}".rstrip(": ") for r in steps
+           if r["step"] not in by}
     failed_checks = [r["step"] for r in steps if r.get("status") == "check failed"]
     out = []
     for g in goal_rows(by):
         ok = g.pop("_ok")
         if g["measured"] is None:
             reasons = [f"{n}: {why[n]}" for n in GOAL_STEPS.get(g["figure"], []) if n in why]
-            g["verdict"] = "not measured" + (f" ({'; '.join(reasons)})" if reasons else " (its steps did not run)")
+            g["verdict"] = "not measured" + (f" ({'; '.join(reasons)})" if reasons else
+                                             " (its steps did not run, or their results lack the figure)")
         elif ok is None:
             g["verdict"] = "stated"
         else:
