@@ -9,17 +9,18 @@ budget that leaves room in a 10-minute command, every figure written to a folder
     python scripts/gpu_check.py --dry-run --out d        # every step at minimal size on the CPU
 
 ``--out DIR`` receives only what is meant to be copied back: ``summary.md``, ``summary.json``,
-``preflight.json``, one ``steps/<step>.json`` per step (its status and figures), each finished
-step's full ``results/<step>.json`` and its ``logs/<step>.log``. Caches (inductor's and Triton's
-kernels, Hydra's run folders) go to ``--cache-dir`` (default: the user's cache folder), never
-under DIR. Every step file is written ``pending`` at the start, ``running`` before its step starts
-and replaced when it ends; the summary is rebuilt from the step files after each change, so a
-check killed mid-step leaves the finished steps' figures and the killed step marked.
+``preflight.json``, ``check.json`` (the command, budget and plan), one ``steps/<step>.json`` per
+step (its status and figures), each finished step's full ``results/<step>.json`` and its
+``logs/<step>.log``. Caches (inductor's and Triton's kernels, Hydra's run folders) go to
+``--cache-dir`` (default: the user's cache folder), never under DIR. Every step file is written
+``pending`` at the start, ``running`` before its step starts and replaced when it ends; the
+summary is rebuilt from the step files after each change, so a check killed mid-step leaves the
+finished steps' figures and the killed step marked.
 
 Steps (each one ``run.py experiment=speed`` job; the Llama-2-7B shape has random fp16 weights and
 exits replayed from the paper-like profile): the most valuable and the ones already run on a GPU
 first, those most likely to fail last: dense graphed against itself (the A/A noise of the graphed
-runtime, with eager dense and HF ``generate`` beside it), T1+T2 eager, T1+T2 graphed, HF's
+runtime, with eager dense beside it), T1+T2 eager (HF ``generate`` eager beside it), T1+T2 graphed, HF's
 static-compiled ``generate`` beside eager dense (the only step that compiles it; the eager A/A
 noise), EAGLE and T1+T2+T3 graphed, T1+T2 device-resident (skipped, with the reason, on a torch
 without CUDA-graph conditional nodes), then the float16/bfloat16 tree steps on ``tiny`` whose
@@ -52,7 +53,7 @@ sys.path.insert(0, str(ROOT))  # the check runs from a checkout: the project is 
 from specee.errors import SpeceeError, one_line  # noqa: E402
 
 # -- budget --------------------------------------------------------------------------------------
-# A lent GPU runs one command for at most 10 minutes: the default budget keeps 60 s of it for
+# A short GPU session may cap one command at 10 minutes: the default budget keeps 60 s of it for
 # installing the carried wheels, Python's start, the preflight, ending a step at the deadline and
 # the last summary (the check stops its steps at the budget, whatever they expected).
 DEFAULT_BUDGET_MIN = 9.0
@@ -254,7 +255,8 @@ def preflight(dry_run_: bool, version_of: Callable[[str], str | None] = installe
         versions[dist] = v
         if v is None:
             findings.append({"what": dist, "blocking": True,
-                             "line": f"{dist} is not installed (the project needs {dist}{spec}); fix: {fix_for(dist, spec, True)}"})
+                             "line": f"{dist} is not installed (the project needs {dist}{spec}); "
+                                     f"fix: {fix_for(dist, spec, True)}"})
         elif not satisfies(v, spec):
             blocking = dist not in KEEP_IMAGES
             findings.append({"what": dist, "blocking": blocking,
@@ -281,7 +283,8 @@ def preflight(dry_run_: bool, version_of: Callable[[str], str | None] = installe
     g = report["gpu"] = gpu()
     if not g.get("cuda"):
         findings.append({"what": "gpu", "blocking": True,
-                         "line": "no CUDA GPU is visible to torch; fix: run on the lent GPU, or --dry-run on a CPU"})
+                         "line": "no CUDA GPU is visible to torch; fix: run it on the GPU machine, or with "
+                                 "--dry-run on a CPU"})
         return report
     if g["free_gib"] < NEED_FREE_GIB:
         findings.append({"what": "gpu memory", "blocking": True,
@@ -708,7 +711,7 @@ class Check:
             self.proc.wait()
 
     def stopped(self, signum, _frame) -> None:
-        """Stopped from outside (a lease's timeout, Ctrl-C): end the step, mark it, keep the rest."""
+        """Stopped from outside (a session's time limit, Ctrl-C): end the step, mark it, keep the rest."""
         self.kill_step()
         if self.current is not None:
             row = {**self.current, "status": "killed", "rc": f"signal {signum}",
@@ -967,6 +970,7 @@ def _main(args, argv, version_of, gpu) -> int:
     write_json(out / "check.json", info)
     write_json(out / "preflight.json", report)
     check = Check(out, cache, args.dry_run, budget_s, steps)
+    check.t_start = t0  # the budget counts from the preflight on
     check.info = info
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, check.stopped)
