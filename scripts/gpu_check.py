@@ -448,7 +448,7 @@ def goal_rows(by: dict) -> list[dict]:
     def add(figure, goal, ok, value, source, runtime=None, ci=None):
         row = {"figure": figure, "goal": goal, "measured": value, "from": source, "ci": ci}
         if runtime:
-            p, aa_ci, _ = _aa(by, runtime)
+            _, aa_ci, _ = _aa(by, runtime)
             row["aa"] = aa_ci
         row["_ok"] = ok
         rows.append(row)
