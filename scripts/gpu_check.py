@@ -753,16 +753,34 @@ def run_steps(check: Check) -> list[dict]:
 
 
 # -- summary -------------------------------------------------------------------------------------
+def alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def read_steps(out: Path) -> list[dict]:
-    """The step files in the plan's order (a rerun of some steps keeps the others' files)."""
+    """The step files in the plan's order (a rerun of some steps keeps the others' files). A step
+    still ``running`` whose check is gone was killed with it (a SIGKILL leaves no one to say so)."""
     rows = []
     for name in STEP_NAMES:
         p = step_path(out, name)
-        if p.is_file():
-            try:
-                rows.append(json.loads(p.read_text()))
-            except json.JSONDecodeError as err:
-                rows.append({"step": name, "status": "unreadable", "error": f"{p.name}: {err}"})
+        if not p.is_file():
+            continue
+        try:
+            row = json.loads(p.read_text())
+        except json.JSONDecodeError as err:
+            row = {"step": name, "status": "unreadable", "error": f"{p.name}: {err}"}
+        if row.get("status") == "running" and row.get("check_pid") != os.getpid() and not alive(row.get("check_pid")):
+            row = {**row, "status": "killed", "error": "the check ended during this step (killed from outside); "
+                                                       f"the log ends:\n{log_tail(out / row['log'])}"}
+        rows.append(row)
     return rows
 
 
