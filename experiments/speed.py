@@ -89,7 +89,8 @@ class Warmed:
     keys: set  # warm_key values warmed (compiled runtime: KV capacity buckets)
     stats: dict  # graph_stats after warm-up
     in_loop: dict = field(default_factory=lambda: {"graphs_compiled": 0, "cudagraph_skips": 0,
-                                                     "cudagraph_captures": 0, "compiled_calls": 0})
+                                                     "cudagraph_captures": 0, "compiled_calls": 0,
+                                                     "device_walk_captures": 0})
     hf_static_warm: dict = field(default_factory=dict)
 
 
@@ -182,7 +183,9 @@ def warm(job: SpeedJob) -> Warmed:
             "cudagraphs": bool(getattr(rt, "cudagraphs", False)),
             "cudagraph_skips_in_warmup": stats1["cudagraph_skips"] - stats0["cudagraph_skips"],
             "cudagraph_captures_in_warmup": (None if stats1["cudagraph_captures"] is None else
-                                             stats1["cudagraph_captures"] - (stats0["cudagraph_captures"] or 0))}
+                                             stats1["cudagraph_captures"] - (stats0["cudagraph_captures"] or 0)),
+            "device_walk_captures_in_warmup": (None if stats1["device_walk_captures"] is None else
+                                               stats1["device_walk_captures"] - (stats0["device_walk_captures"] or 0))}
     return Warmed(info, {warm_key(rt, job.ids(p).shape[1]) for p in prompts}, stats1,
                   hf_static_warm=dict(job.hf_static.warmup) if job.hf_static else {})
 
@@ -277,6 +280,9 @@ def runtime_counters(job: SpeedJob, w: Warmed) -> dict:
         stats2["cudagraph_captures"] - (stats1["cudagraph_captures"] or 0) - in_loop["cudagraph_captures"])
     info["compiled_calls_in_timed_runs"] = (stats2["compiled_calls"] - stats1["compiled_calls"]
                                             - in_loop["compiled_calls"])
+    info["device_walk_captures_in_timed_runs"] = (
+        None if stats2["device_walk_captures"] is None else
+        stats2["device_walk_captures"] - (stats1["device_walk_captures"] or 0) - in_loop["device_walk_captures"])
     hs = job.hf_static
     if hs is not None:
         for k in HFStaticCompiled.COUNTERS:
@@ -418,6 +424,9 @@ def trust_metrics(job: SpeedJob, t: Timed, m: dict, d: dict) -> None:
                                   "the timed runs (compile time counted as decoding)")
     if info["cudagraphs"] and info["cudagraph_captures_in_timed_runs"]:
         m["noisy_reasons"].append(f"{info['cudagraph_captures_in_timed_runs']} CUDA graph(s) recorded "
+                                  "inside the timed runs (recording counted as decoding)")
+    if info.get("device_walk_captures_in_timed_runs"):
+        m["noisy_reasons"].append(f"{info['device_walk_captures_in_timed_runs']} device-walk CUDA graph(s) recorded "
                                   "inside the timed runs (recording counted as decoding)")
     if info["cudagraphs"] and (info["cudagraph_skips_in_warmup"] or info["cudagraph_skips_in_timed_runs"]):
         m["noisy_reasons"].append("inductor skipped CUDA graphs (counters['inductor']['cudagraph_skips']): this "

@@ -292,9 +292,13 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 def graph_stats(rt) -> dict:
     """Counters a compiled result records: graphs compiled, CUDA-graph skips and captures, and
     the compiled runtime's own step calls (replays ~ calls - captures - warm-up calls)."""
+    walk = getattr(rt, "_device_walk", None)
     return {"graphs_compiled": compiled_graphs(), "cudagraph_skips": cudagraph_skips(),
             "cudagraph_captures": cudagraph_captures(rt.device) if getattr(rt, "cudagraphs", False) else None,
-            "compiled_calls": getattr(rt, "calls", 0)}
+            "compiled_calls": getattr(rt, "calls", 0),
+            # exit_control=device records its own walk graphs (outside inductor's counters); None: no walk
+            "device_walk_captures": (walk.captures if walk is not None else
+                                     0 if getattr(rt, "exit_control", "host") == "device" else None)}
 
 
 class CompiledLM(LayerwiseLM):

@@ -1,8 +1,6 @@
 """The speed benchmark's GPU-facing steps, pinned on a CPU: warm-up at the timed capacity (HF
 generate included), energy in long windows with the counter's updates counted, a busy check on
-the GPU in use, the report's hardware label, and the GPU check's order, budget and verdicts."""
-import importlib.util
-import json
+the GPU in use and the report's hardware label (the GPU check: tests/test_gpu_check.py)."""
 import sys
 import threading
 import types
@@ -10,7 +8,7 @@ import types
 import pytest
 import torch
 
-from conftest import ROOT, random_lm
+from conftest import random_lm
 
 
 def _speed():
@@ -146,51 +144,3 @@ def test_report_labels_a_run_with_the_device_it_ran_on(device, label):
     doc = {"device": device, "config": {"model": {"device": device}},
            "env": {"gpus": [{"index": 0, "name": "A"}, {"index": 1, "name": "B"}], "cpu": "x", "torch_threads": 2}}
     assert _hardware(doc).startswith(label)
-
-
-# -- the GPU check ------------------------------------------------------------------------
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_gpu_check_keeps_its_hard_budget(monkeypatch, tmp_path):
-    gc = _gpu_check()
-    now = [0.0]
-    monkeypatch.setattr(gc.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(gc, "device_info", lambda: {"torch": "x", "gpu": "G"})
-    timeouts = []
-
-    def run_step(name, overrides, timeout, out, env):
-        timeouts.append(timeout)
-        now[0] += timeout  # every step uses all it is given
-        return {"step": name, "rc": 0, "seconds": timeout, "timeout_s": timeout}
-    monkeypatch.setattr(gc, "run_step", run_step)
-    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--budget-min", "5", "--out", str(tmp_path)])
-    gc.main()
-    assert sum(timeouts) <= 5 * 60 - gc.RESERVE_S and all(t >= gc.MIN_STEP_S for t in timeouts)
-    doc = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
-    assert [r["rc"] for r in doc["steps"]].count("skipped") == len(gc.STEPS) - len(timeouts) > 0
-    assert doc["device"]["budget_s"] == 300 and doc["plan"][0]["step"] == gc.STEPS[0][0]
-
-
-def test_gpu_check_fails_a_cuda_graph_step_that_skipped_or_captured_nothing():
-    gc = _gpu_check()
-    overrides = {step[0]: step[1] for step in gc.STEPS}["llama2_7b_dense_baselines"]
-    good = {"runtime": {"kind": "compiled", "cudagraphs": True, "cudagraph_skips_in_warmup": 0,
-                        "cudagraph_skips_in_timed_runs": 0, "cudagraph_captures_in_warmup": 64,
-                        "cudagraph_captures_in_timed_runs": 0, "graphs_compiled_in_timed_runs": 0},
-            "energy": {"available": True, "windows": 2, "counter_updates": 40, "min_counter_updates_per_window": 20},
-            "syncs_per_token": 1.0}
-    verdicts = {c["check"]: c["verdict"] for c in gc.gpu_only_checks("x", overrides, good)}
-    assert "fail" not in verdicts.values() and "pass" in verdicts.values()
-    for bad in ({"cudagraph_skips_in_timed_runs": 1}, {"cudagraph_captures_in_warmup": 0},
-                {"cudagraph_captures_in_warmup": None}, {"graphs_compiled_in_timed_runs": 2}):
-        m = {**good, "runtime": {**good["runtime"], **bad}}
-        assert "fail" in [c["verdict"] for c in gc.gpu_only_checks("x", overrides, m)], bad
-    md = gc.markdown({"torch": "x", "date": "d", "budget_s": 450, "used_s": 10},
-                     [{"step": "s", "rc": 0, "seconds": 1, "metrics": good,
-                       "gpu_only_checks": gc.gpu_only_checks("x", overrides, good)}])
-    assert "GPU-only checks" in md and "match rates, not" in md

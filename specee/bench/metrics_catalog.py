@@ -61,7 +61,8 @@ TOP: tuple[Metric, ...] = (
     Metric("speedup_vs_strongest_dense", "ratio", "end-to-end tokens/s against strongest_dense_baseline"),
     # -- compiled runtime
     Metric("runtime", "object", "runtime kind, compiler fallback, warm-up and compile seconds, graphs "
-                                "compiled and CUDA graphs captured or skipped, in warm-up and while timed"),
+                                "compiled and CUDA graphs captured (inductor's, and the device walk's with "
+                                "exit_control=device) or skipped, in warm-up and while timed"),
     Metric("eager_dense", "object", "eager dense timed beside a compiled runtime: the side keys below",
            "runtime=compiled"),
     Metric("speedup_vs_eager_dense", "ratio", "decode tokens/s over eager dense's: the runtime's own gain",
