@@ -151,7 +151,9 @@ def test_calibration_says_why_no_point_is_certified():
     ("experiment.delta=0", "experiment.delta=0.0 must lie strictly between 0 and 1"),
     ("experiment.epsilon=1.0", "experiment.epsilon=1.0 must lie strictly between 0 and 1"),
     ("experiment.threshold_grid=[]", "experiment.threshold_grid has 0 point(s)"),
-    ("experiment.extra_deltas=[2]", "experiment.extra_deltas"),
+    ("experiment.extra_deltas=[2]", "experiment.extra_deltas has 2.0, which must lie strictly between 0 and 1"),
+    ("experiment.tasks=[nope]", "experiment.tasks has 'nope', not a shipped task"),
+    ("experiment.policies=[]", "experiment.policies is empty"),
 ])
 def test_bad_budget_or_grid_is_one_line(over, says, tmp_path):
     res = run_cli("experiment=frontier", over, f"hydra.run.dir={tmp_path / 'run'}")

@@ -80,6 +80,11 @@ def check_frontier(e) -> None:
         if key != "real_only_grid" and len(e[key]) < 2 or key == "real_only_grid" and e.real_only and not e[key]:
             raise SpeceeError(f"experiment.{key} has {len(e[key])} point(s); a frontier needs at least two "
                               f"(e.g. experiment.{key}=[{', '.join(str(v) for v in FRONTIER_EXAMPLES[key])}])")
+    from specee.evaluation import registry
+    unknown = [t for t in e.tasks if t not in registry.available()]
+    if unknown:
+        raise SpeceeError(f"experiment.tasks has {unknown[0]!r}, not a shipped task; valid: "
+                          f"{', '.join(sorted(registry.available()))}")
     if not e.policies:
         raise SpeceeError("experiment.policies is empty: name at least one early-exit ablation, e.g. [specee_t1_t2]")
 

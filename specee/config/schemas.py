@@ -482,6 +482,7 @@ class FrontierExperiment:
     timed_prompts: int = 13  # test prompts the real runs are timed on, beside dense
     tasks: list[str] = field(default_factory=list)  # lm-eval tasks (shipped) replayed at every point
     task_limit: Optional[int] = 100  # items per task (halved into calibration and test)
+    document_limit: Optional[int] = 10  # documents per perplexity-like task (every token a decision)
     cost_rounds: int = 20  # interleaved rounds of the unit-cost microbenchmark
     report_dir: Optional[str] = None  # default: reports/frontier_<model>
 

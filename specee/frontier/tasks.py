@@ -73,9 +73,17 @@ def record_tasks(cfg, rt, tokenizer, parts: dict, out) -> dict:
     os.environ.setdefault("HF_DATASETS_CACHE", str(out / "hf_datasets_cache"))
     tm = registry.task_manager(names, project_path(cfg.paths.data_root), out / "lm_eval_tasks", None, "shipped")
     lm = RecordingLM(rt, tokenizer, parts, cfg.early_exit.k)
-    res = simple_evaluate(model=lm, tasks=names, task_manager=tm, limit=e.task_limit, log_samples=True,
-                          random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
-                          fewshot_random_seed=cfg.seed)
+    res = {"results": {}, "samples": {}}
+    # whole documents (perplexity-like: every token a decision) take their own, smaller limit
+    docs = [n for n in names if registry.lower_is_better(n, registry.primary_metric(n, None, "shipped"), "shipped")]
+    for group, limit in (([n for n in names if n not in docs], e.task_limit), (docs, e.document_limit)):
+        if not group:
+            continue
+        r = simple_evaluate(model=lm, tasks=group, task_manager=tm, limit=limit, log_samples=True,
+                            random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                            fewshot_random_seed=cfg.seed)
+        res["results"].update(r["results"])
+        res["samples"].update(r["samples"])
     objs = get_task_dict(names, tm)
     tasks = {}
     for name in names:
