@@ -92,16 +92,22 @@ def machine(env: dict) -> str:
 
 
 def figure(m: dict, path: Path, title: str) -> None:
+    """Left: Spec-Bench, speedup against tokens differing. Then one panel per accuracy task: speedup
+    against the accuracy lost (points, test half), each policy's replayed points."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    acc_tasks = [t for t, v in m.get("tasks", {}).items() if not v.get("rolling")]
+    fig, axes = plt.subplots(1, 1 + len(acc_tasks), figsize=(7.5 + 4.2 * len(acc_tasks), 4.8), squeeze=False)
+    ax = axes[0][0]
     delta = m["delta"]
     ax.axvspan(0, 100 * delta, color="tab:green", alpha=0.12, label=f"budget ≤ {100 * delta:g} % of tokens")
+    colors = {}
     for name, rows in m["curves"].items():
         x = [100 * r["test"]["token_disagreement"] for r in rows]
         y = [r["test"]["modelled_speedup"] for r in rows]
         line, = ax.plot(x, y, marker="o", ms=3, label=f"{m['policies'][name]['label']} (replayed, modelled)")
+        colors[name] = line.get_color()
         for p in m["measured"].get(name, []):
             lo, hi = p["speedup_ci"]
             ax.errorbar([100 * p["own_context_disagreement"]], [p["speedup"]], yerr=[[p["speedup"] - lo], [hi - p["speedup"]]],
@@ -109,12 +115,10 @@ def figure(m: dict, path: Path, title: str) -> None:
     for name, pts in m["measured"].items():
         if name in m["curves"]:
             continue
-        x = [100 * p["own_context_disagreement"] for p in pts]
-        y = [p["speedup"] for p in pts]
-        ax.plot(x, y, marker="s", ls="--", label=f"{name} (measured)")
-    ox = [100 * o["token_disagreement"] for o in m["oracle"]]
-    oy = [o["modelled_speedup"] for o in m["oracle"]]
-    ax.plot(ox, oy, color="black", lw=2, label="oracle (earliest agreeing layer; budget on the largest savings)")
+        ax.plot([100 * p["own_context_disagreement"] for p in pts], [p["speedup"] for p in pts], marker="s", ls="--",
+                label=f"{name} (measured)")
+    ax.plot([100 * o["token_disagreement"] for o in m["oracle"]], [o["modelled_speedup"] for o in m["oracle"]],
+            color="black", lw=2, label="oracle (earliest agreeing layer; budget on the largest savings)")
     for name, p in m["lossless_peers"].items():
         lo, hi = p["speedup_ci"]
         ax.errorbar([0], [p["speedup"]], yerr=[[p["speedup"] - lo], [hi - p["speedup"]]], fmt="*", ms=10,
@@ -123,8 +127,23 @@ def figure(m: dict, path: Path, title: str) -> None:
     ax.set_xlabel("tokens differing from the full stack (%, test prompts)")
     ax.set_ylabel("decode speedup against dense (×)")
     ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(left=-0.05)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="best")
+    for ax, tname in zip(axes[0][1:], acc_tasks):
+        task = m["tasks"][tname]
+        ax.axvspan(0, 100 * delta, color="tab:green", alpha=0.12)
+        for name, pts in task["points"].items():
+            curve = m["curves"][name]
+            ax.plot([-p["test"]["delta"] for p in pts], [c["test"]["modelled_speedup"] for c in curve], marker="o", ms=3,
+                    color=colors.get(name), label=m["policies"][name]["label"])
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        dn = task["dense"]["test"]
+        note = "" if task.get("testable") else " — dense at chance"
+        ax.set_title(f"{tname}: dense {100 * dn['accuracy']:.1f} % (n={dn['n']}){note}", fontsize=9)
+        ax.set_xlabel("accuracy lost against dense (points, test half)")
+        ax.set_ylabel("modelled decode speedup (×)")
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path.with_suffix(".png"), dpi=130)
     fig.savefig(path.with_suffix(".pdf"))
