@@ -29,7 +29,8 @@ from specee.early_exit.replay import prompt_sha
 from specee.env import machine_load
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder, format_conversation
-from specee.runtime import LayerwiseLM, build_runtime
+from specee.runtime import LayerwiseLM
+from specee.runtimes import build_runtime
 
 
 def build_peer_side(cfg, rt, decoder, eos):

@@ -10,25 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from specee.errors import SpeceeError
-
-
-def read_json(path: str | Path, fix: str) -> Any:
-    """The parsed document at ``path``; ``fix`` says what to do when it is unusable."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpeceeError(f"missing {path}; {fix}")
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is UTF-8 too (editors write it)
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpeceeError(f"{path} is corrupt (unreadable: {type(err).__name__}); {fix}") from None
-    if not text.strip():
-        raise SpeceeError(f"{path} is corrupt (empty file); {fix}")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        # An error at the very end of the text is a file cut short (a killed write, a partial copy).
-        cut = " (truncated)" if err.pos >= len(text.rstrip()) else ""
-        raise SpeceeError(f"{path} is corrupt{cut}: not valid JSON ({err.msg}, line {err.lineno}); {fix}") from None
+from specee.io import read_json  # noqa: F401  (the one JSON reader; cards are read through it)
 
 
 def _kind_ok(value, kind) -> bool:

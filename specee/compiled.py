@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from specee.early_exit.features import features_from_logits, folded_logits
 from specee.early_exit.predictor import mlp_logit
 from specee.errors import SpeceeError
+from specee.layer_math import rms_norm, rotate_half
 from specee.runtime import LayerKVCache, LayerwiseLM
 
 _RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
@@ -191,17 +192,6 @@ def fuse_layer(layer) -> FusedLayer:
                       float(layer.post_attention_layernorm.variance_epsilon))
 
 
-def rms_norm(h, w, eps: float):
-    x = h.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return w * x.to(h.dtype)
-
-
-def rotate_half(x):
-    x1, x2 = x.chunk(2, -1)
-    return torch.cat((-x2, x1), -1)
-
-
 def layer_step(h, cos, sin, k_buf, v_buf, length, block, ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, w_down,
                eps: float, n_q: int, n_kv: int, head_dim: int):
     """One Llama decoder layer over T new tokens (h: 1 x T x d) at cache length ``length`` (a
@@ -310,8 +300,8 @@ class CompiledLM(LayerwiseLM):
     def __init__(self, model, mode: str = "default", max_block: int = 64, cache_bucket: int = 0,
                  exit_control: str = "host"):
         super().__init__(model)
-        from specee.device_walk import check_exit_control
-        check_exit_control(exit_control, self.device)
+        from specee.device_walk import check_device_exits_supported
+        check_device_exits_supported(exit_control, self.device)
         self.exit_control = exit_control
         self._device_walk = None
         if len(set(self.layer_devices)) > 1:

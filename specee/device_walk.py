@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specee.compiled import rms_norm, rotate_half  # the compiled layer step's own math
+from specee.layer_math import rms_norm, rotate_half  # the compiled layer step's own math
 from specee.early_exit.exits import ExitPlan, ExitValue
 from specee.early_exit.features import features_from_logits, folded_logits
 from specee.early_exit.predictor import mlp_logit
@@ -52,7 +52,7 @@ def conditional_nodes_problem(device) -> str | None:
     return None
 
 
-def check_exit_control(exit_control: str, device) -> None:
+def check_device_exits_supported(exit_control: str, device) -> None:
     if exit_control == "device" and (why := conditional_nodes_problem(device)):
         raise SpeceeError(f"runtime.exit_control=device captures each step as one CUDA graph with conditional "
                           f"nodes, and {why} (torch >= 2.13 built with CUDA >= 12.4 has them); use "
@@ -258,7 +258,7 @@ class DeviceWalk:
         masked, and overwritten later)."""
         from torch._higher_order_ops.cudagraph_conditional_nodes import (CUDAGraphCaptureControlFlowOpDispatchMode,
                                                                          ControlFlowOpWarmupDispatchMode)
-        check_exit_control("device", x["h"].device)
+        check_device_exits_supported("device", x["h"].device)
         static_in = {name: t.clone() for name, t in x.items()}
         lengths = [t.clone() for t in cache.length_ts]
         side = torch.cuda.Stream()

@@ -1,4 +1,5 @@
-"""Atomic writes and project-relative paths: a killed job never leaves a half-written result."""
+"""Atomic writes, the one JSON reader and project-relative paths: a killed job never leaves a
+half-written result, and every JSON file the harness reads (cards, profiles, results) is read alike."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +9,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from specee.errors import SpeceeError
 
@@ -18,6 +20,25 @@ def project_path(path: str | os.PathLike) -> Path:
     """Relative paths in configs are relative to the project root, not to the shell's cwd."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else (PROJECT_ROOT / p).resolve()
+
+
+def read_json(path: str | Path, fix: str) -> Any:
+    """The parsed document at ``path``; ``fix`` says what to do when it is unusable."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpeceeError(f"missing {path}; {fix}")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is UTF-8 too (editors write it)
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpeceeError(f"{path} is corrupt (unreadable: {type(err).__name__}); {fix}") from None
+    if not text.strip():
+        raise SpeceeError(f"{path} is corrupt (empty file); {fix}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        # An error at the very end of the text is a file cut short (a killed write, a partial copy).
+        cut = " (truncated)" if err.pos >= len(text.rstrip()) else ""
+        raise SpeceeError(f"{path} is corrupt{cut}: not valid JSON ({err.msg}, line {err.lineno}); {fix}") from None
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> Path:

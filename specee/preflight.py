@@ -99,7 +99,7 @@ def preflight(cfg) -> None:
     if not facts.loads_model:
         return
     from specee.models.folders import check_folders
-    check_folders(cfg)  # every folder by name, all missing ones in one line, before any file is read
+    check_folders(cfg, facts, modes.of(cfg.ablation))  # every folder by name, all missing ones in one line, before any file is read
     shape = model_shape(cfg.model)
     if recipe_name(cfg) == "accuracy":
         _baseline(cfg)

@@ -1,7 +1,6 @@
 """The results contract: every results.json carries config, environment and metrics."""
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -9,7 +8,7 @@ from omegaconf import OmegaConf
 
 from specee.env import environment
 from specee.errors import SpeceeError
-from specee.io import write_json_atomic
+from specee.io import read_json, write_json_atomic
 
 RESULTS = "results.json"
 
@@ -45,20 +44,27 @@ def finished(out: Path) -> dict | None:
 def read_results(path: Path, fix: str) -> dict:
     """One results.json, whole and holding the results contract; else SpeceeError saying what is
     wrong with it and ``fix``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpeceeError(f"{path} is corrupt (unreadable: {type(err).__name__}); {fix}") from None
-    if not text.strip():
-        raise SpeceeError(f"{path} is corrupt (empty file); {fix}")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        cut = " (truncated)" if err.pos >= len(text.rstrip()) else ""
-        raise SpeceeError(f"{path} is corrupt{cut}: not valid JSON ({err.msg}, line {err.lineno}); {fix}") from None
-    from specee.table import check_results  # the contract's one definition (table imports this module)
+    doc = read_json(path, fix)
     check_results(path, doc)
     return doc
+
+
+def check_results(path: Path, doc) -> None:
+    """The results contract: a specee results document with config, env and metrics."""
+    problems = []
+    if not isinstance(doc, dict) or doc.get("specee_results") != 1:
+        problems.append("no 'specee_results': 1 marker")
+    else:
+        cfg = doc.get("config")
+        if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), dict) for k in ("model", "ablation", "experiment")):
+            problems.append("no config with model, ablation and experiment")
+        if not isinstance(doc.get("env"), dict):
+            problems.append("no env")
+        if not isinstance(doc.get("metrics"), dict):
+            problems.append("no metrics")
+    if problems:
+        raise SpeceeError(f"{path} is not a specee results file ({'; '.join(problems)}); remove it from the "
+                          "sweep folder or rerun that job with force=true")
 
 
 def read_sweep(root: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, str]]]:

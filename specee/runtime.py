@@ -330,18 +330,3 @@ class LayerwiseLM:
         if commit:
             cache.seq_len += ids.shape[1]
         return h
-
-
-def build_runtime(runtime_cfg, model) -> LayerwiseLM:
-    """The configured runtime over a loaded model: ``eager`` (the reference) or ``compiled``
-    (specee/compiled.py, imported only when asked for)."""
-    kind = runtime_cfg.kind
-    if kind == "eager":
-        rt = LayerwiseLM(model)
-        rt.exit_control = getattr(runtime_cfg, "exit_control", "host")
-        return rt
-    if kind == "compiled":
-        from specee.compiled import CompiledLM
-        return CompiledLM(model, runtime_cfg.compile_mode, runtime_cfg.max_block, runtime_cfg.cache_bucket,
-                          exit_control=getattr(runtime_cfg, "exit_control", "host"))
-    raise SpeceeError(f"runtime.kind={kind!r} is unknown; valid: eager, compiled")

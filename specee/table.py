@@ -1,13 +1,12 @@
 """Flatten a directory of results.json files into one pandas table (one row per job)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from specee.errors import SpeceeError
-from specee.results import RESULTS
+from specee.results import RESULTS, read_results
 
 # Config keys that identify a job; everything under metrics is kept.
 ID_KEYS = ["model.name", "ablation.name", "ablation.mode", "placement.name", "early_exit.kv_policy",
@@ -20,31 +19,8 @@ def load_results(root: str | Path) -> list[tuple[Path, dict]]:
         raise SpeceeError(f"sweep={root} is not a directory; pass the folder holding the jobs' results.json")
     docs = []
     for path in sorted(root.rglob(RESULTS)):
-        try:
-            doc = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise SpeceeError(f"{path} is corrupt ({err}); rerun that job with force=true") from None
-        check_results(path, doc)
-        docs.append((path, doc))
+        docs.append((path, read_results(path, "rerun that job with force=true")))
     return docs
-
-
-def check_results(path: Path, doc) -> None:
-    """The results contract: a specee results document with config, env and metrics."""
-    problems = []
-    if not isinstance(doc, dict) or doc.get("specee_results") != 1:
-        problems.append("no 'specee_results': 1 marker")
-    else:
-        cfg = doc.get("config")
-        if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), dict) for k in ("model", "ablation", "experiment")):
-            problems.append("no config with model, ablation and experiment")
-        if not isinstance(doc.get("env"), dict):
-            problems.append("no env")
-        if not isinstance(doc.get("metrics"), dict):
-            problems.append("no metrics")
-    if problems:
-        raise SpeceeError(f"{path} is not a specee results file ({'; '.join(problems)}); remove it from the "
-                          "sweep folder or rerun that job with force=true")
 
 
 def flatten(path: Path, doc: dict) -> dict:

@@ -116,7 +116,7 @@ def test_the_cuda_graph_path_runs_on_the_cpu_up_to_the_capture_call(tiny, monkey
             pass
 
     monkeypatch.setattr(walker, "core", core)
-    monkeypatch.setattr(dw, "check_exit_control", lambda *a: None)
+    monkeypatch.setattr(dw, "check_device_exits_supported", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Stream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
@@ -130,7 +130,7 @@ def test_the_cuda_graph_path_runs_on_the_cpu_up_to_the_capture_call(tiny, monkey
 
 
 def test_exit_control_device_is_refused_where_it_cannot_run():
-    from specee.device_walk import check_exit_control, conditional_nodes_problem
+    from specee.device_walk import check_device_exits_supported, conditional_nodes_problem
     from specee.launch import compose_and_check
     base = ["experiment=speed", "model=tiny", "ablation=specee_t1_t2"]
     compose_and_check([*base, "runtime=compiled", "runtime.exit_control=device"])
@@ -146,7 +146,7 @@ def test_exit_control_device_is_refused_where_it_cannot_run():
     if not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):  # this torch (a CPU build) has none
         assert "begin_capture_to_if_node" in conditional_nodes_problem("cuda")
         with pytest.raises(SpeceeError, match="use runtime.exit_control=host"):
-            check_exit_control("device", "cuda")
+            check_device_exits_supported("device", "cuda")
 
 
 @pytest.mark.parametrize("runtime", ["eager", "compiled"])

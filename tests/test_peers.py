@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import early_exit_parts, random_lm, run_cli
-from specee.decoding.auto_settings import (choose_exit_layer, choose_num_tokens, replay_lookup_blocks,
+from specee.tuning.auto_settings import (choose_exit_layer, choose_num_tokens, replay_lookup_blocks,
                                            self_spec_speedup)
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.hf_peer import HFGenerateDecoder, not_applicable

@@ -97,7 +97,7 @@ def test_prompts_use_the_checkpoints_own_chat_template(smollm2, tiny):
 def test_dense_loop_equals_hf_generate_on_a_real_llm(smollm2, runtime):
     from types import SimpleNamespace
     from specee.bench.speed import hf_generate
-    from specee.runtime import build_runtime
+    from specee.runtimes import build_runtime
     model, tok = smollm2
     rt = build_runtime(SimpleNamespace(kind=runtime, compile_mode="default", max_block=64, cache_bucket=0), model)
     if runtime == "compiled":

@@ -6,7 +6,7 @@ import torch
 
 from conftest import early_exit_parts, run_cli
 from specee.decoding.tree import TreeDecoder
-from specee.decoding.tree_select import acceptance_table, choose, expected_tokens, grow, select_tree
+from specee.tuning.tree_select import acceptance_table, choose, expected_tokens, grow, select_tree
 from specee.errors import SpeceeError
 
 

@@ -6,14 +6,7 @@ import statistics
 import torch
 
 from specee.decoding.base import Clock, Generation
-
-
-def greedy_generate_args(prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None) -> dict:
-    """transformers' ``generate`` arguments for plain greedy decoding of one prompt (every HF call
-    the harness times uses them)."""
-    return {"attention_mask": torch.ones_like(prompt_ids), "max_new_tokens": max_new_tokens, "do_sample": False,
-            "eos_token_id": eos_id, "pad_token_id": eos_id if eos_id is not None else 0,
-            "temperature": None, "top_p": None, "top_k": None}
+from specee.decoding.hf_peer import greedy_generate_args
 
 
 @torch.inference_mode()

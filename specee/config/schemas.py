@@ -114,14 +114,14 @@ class AblationConfig:
     tree_exit_rule: str = "all_paths"
     # fixed: `tree` as given | auto: the tree with the most expected tokens per unit time, from the
     # block costs c(n) and draft-level costs measured here and the draft's acceptance by depth and
-    # rank on calibration prompts (specee/decoding/tree_select.py); the choice goes into the result
+    # rank on calibration prompts (specee/tuning/tree_select.py); the choice goes into the result
     tree_select: str = "fixed"
     tree_max_nodes: int = 32  # auto: the largest tree considered (nodes besides the root)
     tree_calibration_prompts: int = 8  # auto: calibration prompts the acceptance is measured on
     # pld / hf_pld (prompt lookup): tokens proposed per step, and the longest n-gram looked up
     # (transformers' prompt_lookup_num_tokens and max_matching_ngram_size defaults). pld also takes
     # num_tokens=auto: the length with the most tokens per unit time from c(n) measured here and an
-    # exact replay on calibration prompts (specee/decoding/auto_settings.py)
+    # exact replay on calibration prompts (specee/tuning/auto_settings.py)
     num_tokens: Any = 10
     ngram_size: int = 2
     # hf_self_spec: the draft's depth in layers (transformers' assistant_early_exit); auto: chosen
@@ -135,6 +135,20 @@ class AblationConfig:
     # describes both: svm (one linear SVM, each layer on its own) | crf (a linear-chain CRF over the
     # sequence of layers, deciding online from the layers so far); both from experiment=train_predictors
     classifier: str = "svm"
+    # -- its identity (specee/ablations.py): what the report, the verdicts, the paper-figure page, the
+    # main job and the folder checks read about it, from the config each result stores
+    label: Optional[str] = None  # how the staircase and figures name it (null: its name)
+    # the paper's step it measures (dense, T1, T1+T2, T1+T2+T3, EAGLE, AdaInfer (SVM), AdaInfer (CRF));
+    # its rows are tested against that step's claims and set beside its figures. null: none of them
+    step: Optional[str] = None
+    staircase: bool = False  # a bar of the report's ablation staircase (in `order`)
+    # reference (the baseline every row is compared against) | peer (a method one would pick
+    # instead: "which method, here?") | early_exit | lossless; null: from its mode
+    role: Optional[str] = None
+    # the predictor bank it reads: trained (this harness's recipe) | paper (the authors' recipe) |
+    # tuned | authors (their released bank); the main job's experiment.bank picks a step's variant
+    bank: str = "trained"
+    order: int = 1000  # its place in the report's tables and figures (lower first)
 
 
 @dataclass

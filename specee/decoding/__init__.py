@@ -73,13 +73,15 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
     spec = modes.of(cfg.ablation)
     if shadow and not (spec.shadow and not spec.is_tree(cfg.ablation)):
         raise SpeceeError(f"shadow exits are defined for autoregressive SpecEE only, not ablation={cfg.ablation.name}")
+    from specee import tuning
     parts = load_parts(cfg, rt, spec, placement)
-    decoder = spec.build(cfg, rt, parts, shadow=shadow, eos_id=eos_id)
+    decoder = spec.build(cfg, rt, parts, shadow=shadow, eos_id=eos_id, tuning=tuning)
     decoder.profile_phases = profile_phases
     return decoder
 
 
 def build_peer(cfg, rt, mode: str, eos_id=None, num_tokens: int | None = None):
     """A transformers ``generate`` peer (specee/decoding/hf_peer.py)."""
+    from specee import tuning
     from specee.decoding.hf_peer import build_peer as build
-    return build(cfg, rt, mode, eos_id, num_tokens)
+    return build(cfg, rt, mode, eos_id, num_tokens, tuning=tuning)

@@ -17,9 +17,16 @@ from __future__ import annotations
 
 import torch
 
-from specee.bench.speed import greedy_generate_args
 from specee.decoding.base import Clock, Generation, PhaseTimer
 from specee.errors import SpeceeError
+
+
+def greedy_generate_args(prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None) -> dict:
+    """transformers' ``generate`` arguments for plain greedy decoding of one prompt (every HF call
+    the harness times uses them)."""
+    return {"attention_mask": torch.ones_like(prompt_ids), "max_new_tokens": max_new_tokens, "do_sample": False,
+            "eos_token_id": eos_id, "pad_token_id": eos_id if eos_id is not None else 0,
+            "temperature": None, "top_p": None, "top_k": None}
 
 # Each peer: what it is, and generate's keyword arguments from (num_tokens, ngram_size, exit_layer).
 PEERS = {"hf_pld": "transformers' prompt lookup, generate(prompt_lookup_num_tokens=N)",
@@ -96,19 +103,13 @@ def peer_kwargs(peer: str, num_tokens: int, ngram_size: int, exit_layer: int | N
     return _KWARGS[peer](num_tokens, ngram_size, exit_layer)
 
 
-def build_peer(cfg, rt, peer: str, eos_id=None, num_tokens: int | None = None):
+def build_peer(cfg, rt, peer: str, eos_id=None, num_tokens: int | None = None, *, tuning):
     """A transformers ``generate`` peer (hf_pld, hf_self_spec, or hf_plain: the peers' own baseline)
-    at the ablation's settings (``exit_layer=auto`` chosen here, recorded as ``choice``)."""
-    from specee.config import check_exit_layer_text
+    at the ablation's settings (``exit_layer=auto`` chosen by ``tuning``, specee/tuning/, recorded
+    as ``choice``)."""
     a, choice, k = cfg.ablation, None, None
     if peer in NEEDS_EXIT_LAYER:
-        k = a.exit_layer
-        if k == "auto":
-            from specee.decoding.auto_settings import auto_exit_layer
-            choice = auto_exit_layer(cfg, rt, eos_id)
-            k = choice["chosen"]
-        elif k >= rt.num_layers:
-            raise SpeceeError(check_exit_layer_text(k, rt.num_layers))
+        k, choice = tuning.exit_layer(cfg, rt, eos_id)
     if num_tokens is None:
         num_tokens = a.num_tokens if a.num_tokens != "auto" else 10
     decoder = HFGenerateDecoder(rt.model, rt, peer, **peer_kwargs(peer, num_tokens, a.ngram_size, k))

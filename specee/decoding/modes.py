@@ -32,7 +32,10 @@ class CostCounts:
 class ModeSpec:
     name: str
     label: str  # what the mode is, in a few words (reports, error messages)
-    build: Callable[..., Any]  # build(cfg, rt, parts, *, shadow, eos_id) -> decoder
+    # build(cfg, rt, parts, *, shadow, eos_id, tuning) -> decoder; ``tuning`` (specee/tuning/) chooses
+    # the settings a config leaves at auto from measurements, handed in so this registry, which
+    # config validation reads, imports nothing that reads config
+    build: Callable[..., Any]
     tree: str = TREE_NEVER  # never | always | option (ablation.decoding=tree)
     needs_draft: bool = False  # the draft head (draft=eagle)
     needs_bank: bool = False  # predictors, their placement schedule and an optional replay
@@ -132,11 +135,11 @@ def _build_dense(cfg, rt, parts, **_):
     return DenseDecoder(rt)
 
 
-def _build_specee(cfg, rt, parts, *, shadow: bool = False, **_):
+def _build_specee(cfg, rt, parts, *, shadow: bool = False, tuning=None, **_):
     a, ee = cfg.ablation, cfg.early_exit
     common = dict(k=ee.k, kv_policy=ee.kv_policy, replay=parts.replay, delta_from=ee.delta_from)
     if of(a).is_tree(a):
-        return _build_tree(cfg, rt, parts, **common)
+        return _build_tree(cfg, rt, parts, tuning=tuning, **common)
     from specee.decoding.specee_ar import PromptLookupSpecEEDecoder, SpecEEDecoder
     if a.speculation == "prompt_lookup":
         return PromptLookupSpecEEDecoder(rt, parts.draft, parts.bank, schedule=parts.schedule, shadow=shadow,
@@ -144,18 +147,17 @@ def _build_specee(cfg, rt, parts, *, shadow: bool = False, **_):
     return SpecEEDecoder(rt, parts.draft, parts.bank, schedule=parts.schedule, shadow=shadow, **common)
 
 
-def _build_eagle(cfg, rt, parts, **_):
-    return _build_tree(cfg, rt, parts, k=cfg.early_exit.k, kv_policy=cfg.early_exit.kv_policy)
+def _build_eagle(cfg, rt, parts, *, tuning=None, **_):
+    return _build_tree(cfg, rt, parts, tuning=tuning, k=cfg.early_exit.k, kv_policy=cfg.early_exit.kv_policy)
 
 
-def _build_tree(cfg, rt, parts, **kwargs):
+def _build_tree(cfg, rt, parts, *, tuning=None, **kwargs):
     from specee.decoding.tree import TreeDecoder
     a = cfg.ablation
     tree = a.tree if isinstance(a.tree, str) else [list(p) for p in a.tree]
     choice = None
     if a.tree_select == "auto":
-        from specee.decoding.tree_select import auto_tree
-        choice = auto_tree(cfg, rt, parts.draft)
+        choice = tuning.auto_tree(cfg, rt, parts.draft)
         tree = choice["chosen"]["paths"]
     decoder = TreeDecoder(rt, parts.draft, tree, bank=parts.bank, schedule=parts.schedule, mapping=a.mapping,
                           exit_rule=a.tree_exit_rule, **kwargs)
@@ -163,21 +165,20 @@ def _build_tree(cfg, rt, parts, **kwargs):
     return decoder
 
 
-def _build_pld(cfg, rt, parts, *, eos_id=None, **_):
+def _build_pld(cfg, rt, parts, *, eos_id=None, tuning=None, **_):
     from specee.decoding.pld import PromptLookupDecoder
     a, choice = cfg.ablation, None
     if a.num_tokens == "auto":  # the proposal length with the most tokens per unit time here
-        from specee.decoding.auto_settings import auto_num_tokens
-        choice = auto_num_tokens(cfg, rt, eos_id)
+        choice = tuning.auto_num_tokens(cfg, rt, eos_id)
     decoder = PromptLookupDecoder(rt, num_tokens=choice["chosen"] if choice else a.num_tokens,
                                   ngram_size=a.ngram_size, eos_id=eos_id)
     decoder.lookup_choice = choice
     return decoder
 
 
-def _build_hf_peer(cfg, rt, parts, *, eos_id=None, **_):
+def _build_hf_peer(cfg, rt, parts, *, eos_id=None, tuning=None, **_):
     from specee.decoding.hf_peer import build_peer
-    return build_peer(cfg, rt, cfg.ablation.mode, eos_id)
+    return build_peer(cfg, rt, cfg.ablation.mode, eos_id, tuning=tuning)
 
 
 def _build_adainfer(cfg, rt, parts, **_):

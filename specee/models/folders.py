@@ -32,11 +32,11 @@ def missing_model_text(model_cfg, path: Path) -> str:
     return f"model={name}: no checkpoint folder at {path} (model.path={model_cfg.path}); {fill}"
 
 
-def needed(cfg) -> list[tuple[str, str, Path, str]]:
-    """(what, config key, folder, how to fill it) for every folder this run reads by path."""
-    from specee.config import recipe
-    from specee.decoding import modes
-    facts, spec, m = recipe(cfg), modes.of(cfg.ablation), cfg.model
+def needed(cfg, facts, spec) -> list[tuple[str, str, Path, str]]:
+    """(what, config key, folder, how to fill it) for every folder this run reads by path, given
+    its recipe's ``facts`` and its mode's ``spec`` (read by the caller: this module sits below the
+    config and the decoders)."""
+    m = cfg.model
     if not facts.loads_model:
         return []
     out = []
@@ -53,10 +53,11 @@ def needed(cfg) -> list[tuple[str, str, Path, str]]:
                     f"python run.py experiment=train_draft {model}"))
     if (facts.decodes and spec.needs_bank) or facts.needs_bank:
         folder = project_path(ee.predictors_path)
+        bank = cfg.ablation.get("bank", "trained")  # the bank variant the ablation declares
         fill = (f"python run.py experiment=import_predictors {model} (the authors' released bank)"
-                if folder.name.endswith("_predictors_authors") else
+                if bank == "authors" else
                 f"python run.py experiment=train_predictors {model}"
-                + (" experiment.recipe=paper" if folder.name.endswith("_paper") else ""))
+                + (" experiment.recipe=paper" if bank == "paper" else ""))
         out.append(("predictors", "early_exit.predictors_path", folder, fill))
         if cfg.placement.get("offline"):
             out.append(("exit profile", "placement.profile_path", project_path(cfg.placement.profile_path),
@@ -67,9 +68,10 @@ def needed(cfg) -> list[tuple[str, str, Path, str]]:
     return out
 
 
-def check_folders(cfg) -> None:
+def check_folders(cfg, facts, spec) -> None:
     """Refuse, in one line, every folder this run needs that does not exist."""
-    missing = [(what, key, folder, fill) for what, key, folder, fill in needed(cfg) if not folder.is_dir()]
+    missing = [(what, key, folder, fill) for what, key, folder, fill in needed(cfg, facts, spec)
+               if not folder.is_dir()]
     if not missing:
         return
     if missing[0][0] == "checkpoint" and len(missing) == 1:

@@ -219,3 +219,18 @@ def _head_in_layers(rt, context_ids, rounds: int = 7) -> float:
             xs.append(time.perf_counter() - t0)
         return statistics.median(xs)
     return med(head) / med(layer)
+
+
+def exit_layer(cfg, rt, eos_id) -> tuple[int, dict | None]:
+    """The self-speculation draft depth ``ablation.exit_layer`` asks for, and the choice behind it:
+    ``auto`` chosen here from measurements (:func:`auto_exit_layer`), a number checked against the
+    model's layers."""
+    from specee.config import check_exit_layer_text
+    from specee.errors import SpeceeError
+    k = cfg.ablation.exit_layer
+    if k == "auto":
+        choice = auto_exit_layer(cfg, rt, eos_id)
+        return choice["chosen"], choice
+    if k >= rt.num_layers:
+        raise SpeceeError(check_exit_layer_text(k, rt.num_layers))
+    return k, None

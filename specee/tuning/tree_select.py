@@ -158,7 +158,7 @@ def auto_tree(cfg, rt, draft) -> dict:
     key = (id(rt), id(draft), a.tree_max_nodes, a.tree_calibration_prompts, cfg.early_exit.k)
     if key in _CHOSEN:
         return _CHOSEN[key]
-    from specee.decoding.auto_settings import calibration_inputs
+    from specee.tuning.auto_settings import calibration_inputs
     new_tokens = 32
     # spread over the calibration set: Spec-Bench categories and story openings alike
     ids, picked_ids, files = calibration_inputs(cfg, rt, a.tree_calibration_prompts, new_tokens)

@@ -1,0 +1,16 @@
+"""A Llama decoder layer's elementwise math, written once for the compiled layer step
+(specee/compiled.py) and the walk that decides exits on the device (specee/device_walk.py)."""
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(h, w, eps: float):
+    x = h.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x.to(h.dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((-x2, x1), -1)
