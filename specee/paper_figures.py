@@ -32,25 +32,21 @@ ACCURACY_CLAIM = "within 1 point of dense (accuracy table)"
 SKEW = "≤ 0.20 of exits in the lower-probability half of the layers (Fig. 10)"
 
 
-def step(ablation_name: str) -> str:
-    """The paper's name for a harness ablation (its bank suffix dropped)."""
-    base = ablation_name
-    for suffix in ("_authors", "_paper", "_tuned"):
-        base = base.removesuffix(suffix)
-    return {"dense": "dense", "specee_t1": "T1", "specee_t1_t2": "T1+T2", "specee_full": "T1+T2+T3",
-            "eagle": "EAGLE", "adainfer": "AdaInfer (SVM)", "adainfer_crf": "AdaInfer (CRF)"}.get(base, base)
+def step(identity) -> str:
+    """The paper's name for what a harness ablation measures: the ``step`` its config declares
+    (:mod:`specee.ablations`), else its own name."""
+    return identity.step or identity.name
 
 
-def speed_figure(ablation_name: str) -> str:
-    return SPEED.get(step(ablation_name), "–")
+def speed_figure(identity) -> str:
+    return SPEED.get(step(identity), "–")
 
 
-def layers_figure(ablation_name: str) -> str:
-    return LAYERS.get(step(ablation_name), "–")
+def layers_figure(identity) -> str:
+    return LAYERS.get(step(identity), "–")
 
 
-def accuracy_figure(ablation_name: str) -> str:
-    s = step(ablation_name)
-    if s == "dense":
+def accuracy_figure(identity) -> str:
+    if identity.reference:
         return NOT_DIGITISED
-    return ACCURACY_CLAIM if s.startswith("T1") else "–"
+    return ACCURACY_CLAIM if identity.step and identity.step.startswith("T1") else "–"

@@ -34,10 +34,11 @@ The rules (stated in each row's ``rule``):
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-BANKS = {"_paper": "paper-recipe bank", "_tuned": "tuned bank", "_authors": "the authors' released bank"}
+from specee import ablations
+from specee.intervals import exact_interval, paired_change, word_for_interval  # noqa: F401  (exact_interval: read here too)
+
 LOSS_BOUND = -1.0  # points of accuracy
 
 
@@ -47,13 +48,12 @@ def kind(doc) -> str:
 
 
 def bank(doc) -> str:
-    """Which predictors a result used, by the folder it read them from."""
+    """Which predictors a result used: the bank variant its ablation declares."""
     from specee.decoding import modes
     label = modes.bank_label(doc["config"]["ablation"])
     if label is not None:
         return label
-    folder = Path(str(doc["config"].get("early_exit", {}).get("predictors_path", ""))).name
-    return next((label for suffix, label in BANKS.items() if folder.endswith(suffix)), "harness-default bank")
+    return ablations.BANKS[ablations.of_doc(doc).bank]
 
 
 def bank_source(doc) -> str | None:
@@ -75,45 +75,6 @@ def protocol(m: dict) -> str:
     if str(m.get("primary_metric", "")).startswith("acc"):
         return "harness log-likelihood"
     return "harness generative"
-
-
-def _word_for_interval(lo: float, hi: float, bound: float, above_is_good: bool = True) -> str:
-    if (lo > bound) if above_is_good else (hi < bound):
-        return "confirmed"
-    if (hi < bound) if above_is_good else (lo > bound):
-        return "refuted"
-    return "inconclusive"
-
-
-def _binomial_upper_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p), summed in log space (n of a few thousand items)."""
-    if k <= 0:
-        return 1.0
-    if p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    lp, lq = math.log(p), math.log1p(-p)
-    logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
-            for i in range(k, n + 1)]
-    top = max(logs)
-    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
-
-
-def exact_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Clopper-Pearson interval of a proportion k/n (bisection on the binomial tails): exact
-    coverage where the normal approximation is too narrow near 0, 1 and at small n."""
-    a = (1 - level) / 2
-
-    def solve(f, target):  # f rises with p
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
-        return (lo + hi) / 2
-    lower = 0.0 if k == 0 else solve(lambda p: _binomial_upper_tail(k, n, p), a)
-    upper = 1.0 if k == n else solve(lambda p: _binomial_upper_tail(k + 1, n, p), 1 - a)
-    return lower, upper
 
 
 def dense_interval(m: dict) -> tuple[float, float, str]:
@@ -142,14 +103,16 @@ def _setting_clash(a: dict | None, b: dict | None) -> list[str]:
     return [k for k in PAIRED_SETTINGS if k in a and k in b and a[k] != b[k]]
 
 
-def accuracy_rows(docs, paired_change) -> list[dict]:
+def accuracy_rows(docs) -> list[dict]:
     """One row per (model, task, mode) of the accuracy results against dense of the same model —
     from the same sweep or from an earlier report's per-item records (:func:`read_item_records`)."""
-    cells, items = {}, {}
+    cells, items, reference = {}, {}, {}
     for d in docs:
         if kind(d) != "accuracy":
             continue
         name = d["config"]["ablation"]["name"]
+        if ablations.of_doc(d).reference:
+            reference[model_name(d)] = name
         for task, m in d["metrics"]["accuracy"].items():
             if m.get("lower_is_better"):
                 continue  # perplexity: no accuracy claim
@@ -159,9 +122,10 @@ def accuracy_rows(docs, paired_change) -> list[dict]:
     rows = []
     for key in sorted(cells):
         model, task = key
-        dense = cells[key].get("dense")
+        ref = reference.get(model)
+        dense = cells[key].get(ref)
         for name, (m, d) in sorted(cells[key].items()):
-            if name == "dense" or dense is None:
+            if name == ref or dense is None:
                 continue
             dm, dd = dense
             row = {"claim": "accuracy loss < 1 % (Table 4)", "model": model, "task": task,
@@ -169,7 +133,7 @@ def accuracy_rows(docs, paired_change) -> list[dict]:
                    "n": m.get("n"),
                    "rule": "paired 95 % CI of the per-item difference vs dense, in points, against -1; "
                            "not testable where dense's exact binomial 95 % interval reaches chance"}
-            pc = paired_change(items[key].get("dense"), items[key].get(name))
+            pc = paired_change(items[key].get(ref), items[key].get(name))
             chance = m.get("chance") if m.get("chance") is not None else dm.get("chance")
             lo, hi, how = dense_interval(dm)
             row["dense"] = f"{100 * dm['accuracy']:.1f} [{lo:.1f}, {hi:.1f}]"
@@ -192,7 +156,7 @@ def accuracy_rows(docs, paired_change) -> list[dict]:
                 row.update(verdict="not testable here",
                            why=f"dense {row['dense']} ({how} 95 % interval) reaches chance {100 * chance:.0f}")
             else:
-                row["verdict"] = _word_for_interval(pc["lo"], pc["hi"], LOSS_BOUND)
+                row["verdict"] = word_for_interval(pc["lo"], pc["hi"], LOSS_BOUND)
             rows.append(row)
     return rows
 
@@ -225,13 +189,20 @@ def stats_rows(docs) -> list[dict]:
 
 
 def speed_rows(docs) -> list[dict]:
+    """The speed claims, for every ablation that declares itself a step of the paper's staircase
+    (its config's ``step``): T1+T2 faster than dense, and T2 scheduling fewer predictors than T1
+    with the same bank."""
     speed = [d for d in docs if kind(d) == "speed" and d["config"].get("runtime", {}).get("kind", "eager") == "eager"]
-    by = {}
+    by, ident = {}, {}
     for d in speed:
-        by.setdefault(d["config"]["ablation"]["name"], []).append(d)
+        name = d["config"]["ablation"]["name"]
+        by.setdefault(name, []).append(d)
+        ident[name] = ablations.of_doc(d)
+    steps = lambda step: sorted((n for n, i in ident.items() if i.step == step),  # noqa: E731
+                                key=lambda n: (ident[n].order, n))
     rows = []
-    for name in ("specee_t1_t2", "specee_t1_t2_tuned", "specee_t1_t2_paper", "specee_t1_t2_authors"):
-        for d in by.get(name, []):
+    for name in steps("T1+T2"):
+        for d in by[name]:
             m = d["metrics"]
             ci = m.get("speedup_vs_dense_ci")
             if not ci:
@@ -240,15 +211,18 @@ def speed_rows(docs) -> list[dict]:
                          "task": str(d["config"].get("dataset", {}).get("name", "?")),
                          "protocol": "harness speed", "mode": name, "bank": bank(d), "bank_source": bank_source(d),
                          "figure": f"{m['speedup_vs_dense']:.3f}× [{ci[0]:.3f}, {ci[1]:.3f}]",
-                         "verdict": _word_for_interval(ci[0], ci[1], 1.0),
+                         "verdict": word_for_interval(ci[0], ci[1], 1.0),
                          "rule": "95 % CI of the decode speedup vs dense, against 1"})
-    t1, t2 = by.get("specee_t1"), by.get("specee_t1_t2")
-    if t1 and t2:
+    for n2 in steps("T1+T2"):
+        n1 = next((n for n in steps("T1") if ident[n].bank == ident[n2].bank), None)
+        if n1 is None:
+            continue
+        t1, t2 = by[n1], by[n2]
         c1 = sum(d["metrics"]["predictor_calls_per_token"] for d in t1) / len(t1)
         c2 = sum(d["metrics"]["predictor_calls_per_token"] for d in t2) / len(t2)
         rows.append({"claim": "predictor count: T2 schedules fewer predictors", "model": model_name(t2[0]),
                      "task": str(t2[0]["config"].get("dataset", {}).get("name", "?")),
-                     "protocol": "harness speed", "mode": "specee_t1_t2 vs specee_t1", "bank": bank(t2[0]),
+                     "protocol": "harness speed", "mode": f"{n2} vs {n1}", "bank": bank(t2[0]),
                      "bank_source": bank_source(t2[0]),
                      "figure": f"{c2:.2f} vs {c1:.2f} calls/token",
                      "verdict": "confirmed" if c2 < c1 else "refuted",
@@ -256,9 +230,9 @@ def speed_rows(docs) -> list[dict]:
     return rows
 
 
-def verdict_rows(docs, paired_change) -> list[dict]:
+def verdict_rows(docs) -> list[dict]:
     from specee.frontier.pages import verdict_table_rows
-    return accuracy_rows(docs, paired_change) + stats_rows(docs) + speed_rows(docs) + verdict_table_rows(docs)
+    return accuracy_rows(docs) + stats_rows(docs) + speed_rows(docs) + verdict_table_rows(docs)
 
 
 def bank_text(r: dict) -> str:

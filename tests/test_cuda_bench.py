@@ -140,7 +140,7 @@ def test_busy_check_reads_the_gpu_in_use_after_leaving_it_idle(monkeypatch):
 
 @pytest.mark.parametrize("device,label", [("cpu", "CPU"), ("cuda:1", "B"), ("cuda", "A")])
 def test_report_labels_a_run_with_the_device_it_ran_on(device, label):
-    from specee.report import _hardware
+    from specee.report_pages.catalogue import hardware as _hardware
     doc = {"device": device, "config": {"model": {"device": device}},
            "env": {"gpus": [{"index": 0, "name": "A"}, {"index": 1, "name": "B"}], "cpu": "x", "torch_threads": 2}}
     assert _hardware(doc).startswith(label)

@@ -213,8 +213,7 @@ def _acc_doc(name, mode, values, chance, predictors="x/smollm2_135m_predictors_p
 ])
 def test_accuracy_verdict_rules(dense, mode, chance, word):
     from specee import verdicts
-    from specee.report import paired_change
     rows = verdicts.verdict_rows([_acc_doc("dense", "dense", dense, chance),
-                                  _acc_doc("specee_t1_t2_paper", "specee", mode, chance)], paired_change)
+                                  _acc_doc("specee_t1_t2_paper", "specee", mode, chance)])
     assert len(rows) == 1 and rows[0]["verdict"] == word and rows[0]["bank"] == "paper-recipe bank"
     assert rows[0]["protocol"] == "harness log-likelihood"

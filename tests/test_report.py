@@ -88,7 +88,8 @@ def speed_doc(name, mode, kind, ms, eager_ms=None):
 
 
 def test_runtime_page_puts_each_mode_on_eager_beside_compiled():
-    from specee.report import _name, fig_runtime
+    from specee.report import fig_runtime
+    from specee.report_pages.catalogue import display_name as _name
     docs = [speed_doc("dense", "dense", "eager", 20.0), speed_doc("dense", "dense", "compiled", 10.0, 20.0),
             speed_doc("specee_t1_t2", "specee", "eager", 18.0),
             speed_doc("specee_t1_t2", "specee", "compiled", 9.0, 20.0)]
@@ -141,7 +142,8 @@ def test_which_method_page_skips_without_a_peer_result():
 
 
 def test_a_not_applicable_peer_result_is_left_out_of_every_page():
-    from specee.report import _by_kind, fig_which_method
+    from specee.report import fig_which_method
+    from specee.report_pages.catalogue import by_kind as _by_kind
     na = _speed_doc("hf_self_spec", "hf_self_spec", 1.0, {})
     na["metrics"] = {"not_applicable": "transformers cannot run hf_self_spec on this model: ValueError: ..."}
     ok = _speed_doc("pld", "pld", 1.0, {"qa": (0.8, 1.0)})
@@ -151,7 +153,8 @@ def test_a_not_applicable_peer_result_is_left_out_of_every_page():
 
 
 def test_staircase_puts_reduced_vocabulary_and_chosen_tree_beside_each_step():
-    from specee.report import _name, fig_staircase
+    from specee.report import fig_staircase
+    from specee.report_pages.catalogue import display_name as _name
     full = speed_doc("specee_t1_t2", "specee", "eager", 20.0)
     reduced = speed_doc("specee_t1_t2", "specee", "eager", 18.0)
     reduced["config"]["draft"] = {"vocab_size": 8192}

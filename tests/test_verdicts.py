@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from specee import verdicts
-from specee.report import paired_change
+from specee.intervals import paired_change
 
 
 def _doc(name, mode, values, chance, task="sst2_paper", model="smollm2_135m",
@@ -39,7 +39,7 @@ def _sst2(dense_right=465, n=872, changed_to_right=88, changed_to_wrong=31):
 
 
 def test_sst2_on_smollm2_is_not_testable_here():
-    rows = verdicts.verdict_rows(list(_sst2()), paired_change)
+    rows = verdicts.verdict_rows(list(_sst2()))
     assert len(rows) == 1
     r = rows[0]
     # the normal approximation put dense's lower end at 50.01 (above chance by a hundredth): the
@@ -55,7 +55,7 @@ def test_sst2_on_smollm2_is_not_testable_here():
 
 def test_a_model_clearly_above_chance_is_judged():
     dense, mode = _sst2(dense_right=520, changed_to_right=0, changed_to_wrong=0)
-    r, = verdicts.verdict_rows([dense, mode], paired_change)
+    r, = verdicts.verdict_rows([dense, mode])
     assert r["verdict"] == "confirmed" and "why" not in r
 
 
@@ -81,13 +81,13 @@ def test_rows_of_two_models_are_not_mixed():
     a = _sst2(dense_right=520, changed_to_right=0, changed_to_wrong=0)
     b = [_doc(d["config"]["ablation"]["name"], d["config"]["ablation"]["mode"],
               [v["value"] for v in d["items"]["sst2_paper"].values()], 0.5, model="other") for d in _sst2()]
-    rows = verdicts.verdict_rows([*a, *b], paired_change)
+    rows = verdicts.verdict_rows([*a, *b])
     assert {(r["model"], r["verdict"]) for r in rows} == {("smollm2_135m", "confirmed"), ("other", "not testable here")}
 
 
 def test_records_pair_a_later_row_with_an_earlier_dense(tmp_path):
     dense, mode = _sst2(dense_right=520)
-    both = verdicts.verdict_rows([dense, mode], paired_change)
+    both = verdicts.verdict_rows([dense, mode])
     written = verdicts.write_item_records([dense, mode], tmp_path / "report")
     assert sorted(p.relative_to(tmp_path / "report").as_posix() for p in written) == [
         "items/smollm2_135m/sst2_paper/dense.jsonl", "items/smollm2_135m/sst2_paper/specee_t1_t2_paper.jsonl"]
@@ -98,7 +98,7 @@ def test_records_pair_a_later_row_with_an_earlier_dense(tmp_path):
     (later / "items/smollm2_135m/sst2_paper/dense.jsonl").write_text(written[0].read_text())
     docs = verdicts.with_item_records([mode], later)
     assert len(docs) == 2 and docs[1]["item_records"].endswith("dense.jsonl")
-    paired = verdicts.verdict_rows(docs, paired_change)
+    paired = verdicts.verdict_rows(docs)
     assert [(r["figure"], r["verdict"]) for r in paired] == [(r["figure"], r["verdict"]) for r in both]
     # a dense record under other settings does not pair
     other = json.loads(written[0].read_text().splitlines()[0])
@@ -106,7 +106,7 @@ def test_records_pair_a_later_row_with_an_earlier_dense(tmp_path):
     lines = written[0].read_text().splitlines()
     (later / "items/smollm2_135m/sst2_paper/dense.jsonl").write_text(
         "\n".join([json.dumps(other)] + lines[1:]) + "\n")
-    r, = verdicts.verdict_rows(verdicts.with_item_records([mode], later), paired_change)
+    r, = verdicts.verdict_rows(verdicts.with_item_records([mode], later))
     assert r["verdict"] == "not testable here" and "max_gen_tokens" in r["why"]
 
 

@@ -86,6 +86,12 @@ def spec(name: str) -> ModeSpec:
         raise SpeceeError(f"ablation.mode={name!r} is unknown; valid: {', '.join(_REGISTRY)}") from None
 
 
+def reference() -> ModeSpec:
+    """The mode every other one is compared against (one spec says ``reference=True``)."""
+    _builtin()
+    return next(s for s in _REGISTRY.values() if s.reference)
+
+
 def _get(node, key: str, default=None):
     """A key of a config node or of a results.json's plain dict."""
     try:
