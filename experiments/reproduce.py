@@ -13,15 +13,13 @@ import time
 
 from tqdm import tqdm
 
+from specee import ablations
 from specee.errors import SpeceeError
 from specee.io import PROJECT_ROOT, project_path
 
 
 # Speed sets whose prompts are not shipped (licence): run only where the data root holds them.
 NOT_SHIPPED = {"alpaca": "alpaca_gpt4_demo"}
-# The SpecEE steps that take the authors' released bank under experiment.bank=authors (or auto).
-AUTHORS = {"specee_t1": "specee_t1_authors", "specee_t1_t2": "specee_t1_t2_authors",
-           "specee_full": "specee_full_authors"}
 
 
 def _model_option(cfg) -> str:
@@ -35,8 +33,9 @@ def _model_option(cfg) -> str:
 
 
 def bank(cfg) -> str:
-    """Which bank the SpecEE jobs read: authors (the released bank, ``AUTHORS`` ablations) or
-    trained (the ablations as named: this harness's training). auto: the authors' when their bank
+    """Which bank the SpecEE jobs read: authors (the released bank: each step's ablation that
+    declares ``bank: authors``) or trained (the ablations as named: this harness's training).
+    auto: the authors' when their bank
     for this model is in paths.artifacts and the weights are the pretrained ones (on random weights
     every bank is a random stand-in)."""
     e = cfg.experiment
@@ -67,7 +66,8 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
         common.append(f"threads={cfg.threads}")
     data = [f"dataset={e.dataset}", f"dataset.count={e.count}", f"dataset.max_new_tokens={e.max_new_tokens}"]
     authors = bank(cfg) == "authors"
-    named = lambda a: AUTHORS.get(a, a) if authors else a  # noqa: E731
+    # under the authors' bank each SpecEE step runs as the ablation declaring that step with it
+    named = lambda a: ablations.variant(a, "authors") if authors else a  # noqa: E731
 
     def speed_set(s: str) -> list[str]:
         """``name`` or ``name:category`` (a Spec-Bench category) -> dataset overrides."""
@@ -92,7 +92,8 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
         stats = [a for a in data if not a.startswith("dataset.count=")] + [f"dataset.count={e.stats_count or e.count}"]
         if e.stats_placements:
             stats.append(f"experiment.placements=[{','.join(e.stats_placements)}]")
-        jobs.append(("stats", ["experiment=stats", *stats, *(["ablation=" + named("specee_t1")] if authors else [])]))
+        t1_authors = ablations.with_step("T1", "authors")  # the statistics read predictors at every layer
+        jobs.append(("stats", ["experiment=stats", *stats, *([f"ablation={t1_authors}"] if authors and t1_authors else [])]))
     groups = [("", e.accuracy_tasks, e.accuracy_limit, []),
               ("_perplexity", e.perplexity_tasks, e.perplexity_limit, []),
               ("_chat", e.chat_tasks, e.accuracy_limit, ["experiment.chat_template=true"])]
@@ -107,9 +108,10 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
 
 
 def _dense_ms_per_token(root) -> float | None:
-    """Dense's decode ms/token in this reproduction's dense speed job (None before it ran)."""
+    """Dense's decode ms/token in this reproduction's speed job of the reference ablation (None
+    before it ran)."""
     import json
-    path = root / "speed_dense" / "results.json"
+    path = root / f"speed_{ablations.reference_name()}" / "results.json"
     try:
         return json.loads(path.read_text())["metrics"]["dense"]["ms_per_token"]
     except (OSError, ValueError, KeyError):

@@ -99,12 +99,27 @@ def of_doc(doc: dict) -> Identity:
 
 
 def variant(name: str, bank: str, folder: Path | None = None) -> str:
-    """The ablation that runs ``name``'s step with predictor bank ``bank`` (``name`` itself where it
-    reads that bank, or where no ablation file declares that pairing)."""
+    """The ablation that runs the step ``name`` measures with predictor bank ``bank`` in place of
+    the bank trained here (``name`` itself where it reads another bank already, measures no step,
+    or where no ablation file declares that pairing)."""
     table = declared(folder)
     me = table.get(name, {})
-    if me.get("bank", "trained") == bank or me.get("step") is None:
+    if me.get("bank", "trained") != "trained" or me.get("step") is None:
         return name
     twins = [n for n, f in table.items() if f.get("step") == me.get("step") and f.get("bank", "trained") == bank
              and f.get("mode") == me.get("mode") and bool(f.get("staircase")) == bool(me.get("staircase"))]
     return min(twins, key=lambda n: (table[n].get("order", LAST), n)) if twins else name
+
+
+def with_step(step: str, bank: str = "trained", folder: Path | None = None) -> str | None:
+    """The first ablation (in report order) that measures the paper's ``step`` with ``bank``."""
+    table = declared(folder)
+    hits = [n for n, f in table.items() if f.get("step") == step and f.get("bank", "trained") == bank]
+    return min(hits, key=lambda n: (table[n].get("order", LAST), n)) if hits else None
+
+
+def reference_name(folder: Path | None = None) -> str | None:
+    """The ablation file that declares itself the reference (role: reference)."""
+    table = declared(folder)
+    hits = [n for n, f in table.items() if f.get("role") == "reference"]
+    return min(hits, key=lambda n: (table[n].get("order", LAST), n)) if hits else None

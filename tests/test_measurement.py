@@ -8,7 +8,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from conftest import early_exit_parts  # noqa: E402
+from conftest import ROOT, early_exit_parts  # noqa: E402
 from specee.bench.oracle import exit_gap  # noqa: E402
 from specee.decoding.base import generate_lockstep  # noqa: E402
 from specee.decoding.dense import DenseDecoder  # noqa: E402
@@ -91,12 +91,13 @@ def test_exit_gap_by_hand():
 
 
 def test_main_job_times_hf_generate_beside_dense_only():
-    from omegaconf import OmegaConf
+    from hydra import compose, initialize_config_dir
 
     from experiments.reproduce import plan
-    from specee.config import Config, ModelConfig, ReproduceExperiment
-    cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
-    cfg.model = OmegaConf.structured(ModelConfig(name="tiny"))
+    from specee.config import register
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=["experiment=reproduce", "model=tiny"])  # the main job, as run.py composes it
     jobs = dict(plan(cfg))
     off = "experiment.compare_hf_generate=false"
     assert off not in jobs["speed_dense"] and not any(n.endswith("_compiled") for n in jobs)

@@ -175,13 +175,19 @@ def test_submitit_local_launcher_runs_the_same_path(micro, tmp_path):
     assert len(list(tmp_path.rglob("results.json"))) == 1
 
 
-def test_reproduce_plan_covers_the_ablations():
-    from omegaconf import OmegaConf
+def _main_job_config():
+    """The main job's config as `python run.py` composes it (its preset: conf/experiment/reproduce.yaml)."""
+    from hydra import compose, initialize_config_dir
 
+    from specee.config import register
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("config", overrides=["experiment=reproduce", "model=tiny"])
+
+
+def test_reproduce_plan_covers_the_ablations():
     from experiments.reproduce import plan
-    from specee.config import Config, ModelConfig, ReproduceExperiment
-    cfg = OmegaConf.structured(Config(experiment=ReproduceExperiment()))
-    cfg.model = OmegaConf.structured(ModelConfig(name="tiny"))
+    cfg = _main_job_config()
     names = [n for n, _ in plan(cfg)]
     # the default main job (cut to its time budget): the staircase, EAGLE and prompt lookup (ours, with
     # transformers' beside it in the same job)

@@ -16,7 +16,19 @@ class Metric:
     key: str
     unit: str
     meaning: str
-    when: str = "every mode"
+    # which results carry it; None: the modes whose spec lists it in ``extra_metrics``
+    # (specee/decoding/modes.py), so the registry says once which mode carries which metric
+    when: str | None = "every mode"
+
+
+def modes_carrying(key: str) -> list[str]:
+    """The modes whose spec declares ``key`` among its ``extra_metrics``."""
+    from specee.decoding import modes
+    return [n for n in modes.names() if key in modes.spec(n).extra_metrics]
+
+
+def present_for(metric: Metric) -> str:
+    return metric.when if metric.when is not None else ", ".join(modes_carrying(metric.key))
 
 
 # Keys directly under ``metrics`` in a speed results.json (experiments/speed.py writes them).
@@ -91,14 +103,14 @@ TOP: tuple[Metric, ...] = (
            "early_exit.replay"),
     # -- exits against the oracle (untimed, after the clock)
     Metric("oracle_gap", "object", "shares of tokens exiting at the oracle layer, within 2 layers, later, "
-                                   "never, earlier; histogram; token count", "specee, adainfer"),
-    Metric("avg_layers_over_oracle", "ratio", "mean layers used over the oracle's mean", "specee, adainfer"),
+                                   "never, earlier; histogram; token count", None),
+    Metric("avg_layers_over_oracle", "ratio", "mean layers used over the oracle's mean", None),
     Metric("oracle_avg_layers", "layers", "mean earliest layer whose argmax is the full stack's token",
-           "specee, adainfer"),
+           None),
     Metric("tokens_not_full_stack_prediction", "share 0-1", "emitted tokens that differ from the full "
-                                                            "stack's prediction in the same context", "specee, adainfer"),
+                                                            "stack's prediction in the same context", None),
     Metric("refuted_fires_per_token", "fires/token", "predictor fires the LM-head verification refuted "
-                                                     "(null under replay)", "specee, adainfer"),
+                                                     "(null under replay)", None),
     # -- the cost model
     Metric("cost_model", "object", "counted work x unit costs measured in this job: modelled speedup and "
                                    "band, agreement with the measurement, unmodelled share, the gap to the "
@@ -113,21 +125,21 @@ TOP: tuple[Metric, ...] = (
            "ablation.tree_select=auto"),
     # -- peers and prompt lookup
     Metric("peer", "object", "transformers' peer timed in the same job: its speed, tokens per step, match "
-                             "rate and the mode's speed against it", "pld, hf_pld, hf_self_spec"),
-    Metric("speedup_vs_hf_pld", "ratio", "the mode against transformers' prompt lookup at the same settings", "pld"),
-    Metric("speedup_vs_hf_pld_ci", "[lo, hi]", "95 % paired interval of speedup_vs_hf_pld", "pld"),
+                             "rate and the mode's speed against it", None),
+    Metric("speedup_vs_hf_pld", "ratio", "the mode against transformers' prompt lookup at the same settings", None),
+    Metric("speedup_vs_hf_pld_ci", "[lo, hi]", "95 % paired interval of speedup_vs_hf_pld", None),
     Metric("speedup_vs_hf_plain", "ratio", "the transformers peer against plain generate, its own baseline",
-           "hf_pld, hf_self_spec"),
+           None),
     Metric("speedup_vs_hf_plain_ci", "[lo, hi]", "95 % paired interval of speedup_vs_hf_plain",
-           "hf_pld, hf_self_spec"),
+           None),
     Metric("transformers_peer", "object", "the generate() arguments of a transformers mode and, for "
-                                          "exit_layer=auto, the choice and its prediction", "hf_pld, hf_self_spec"),
+                                          "exit_layer=auto, the choice and its prediction", None),
     Metric("not_applicable", "text", "why transformers cannot run this peer on this model (the only "
-                                     "measurement then)", "hf_pld, hf_self_spec"),
+                                     "measurement then)", None),
     Metric("prompt_lookup", "object", "proposal length used and set, n-gram size, steps, share of steps "
-                                      "with a match, tokens proposed per step, the auto choice", "pld"),
+                                      "with a match, tokens proposed per step, the auto choice", None),
     Metric("speculation", "object", "per source (prompt, draft): share of steps served, exit rate, mean "
-                                    "layers; draft calls per token", "specee_pld"),
+                                    "layers; draft calls per token", "ablation.speculation=prompt_lookup"),
     # -- the floor and the machine
     Metric("bandwidth_bound", "object", "bytes one dense step reads over the measured copy bandwidth: "
                                         "limit_ms_per_token, bytes_per_token, copy_gb_per_s"),
@@ -173,6 +185,14 @@ SIDE: tuple[Metric, ...] = (
 )
 
 
+def foreign_keys(metrics: dict, mode: str) -> list[str]:
+    """Keys of a speed result of ``mode`` that the registry declares for other modes only."""
+    from specee.decoding import modes
+    own = set(modes.spec(mode).extra_metrics)
+    declared = {k for n in modes.names() for k in modes.spec(n).extra_metrics}
+    return [k for k in metrics if k in declared and k not in own]
+
+
 def unknown_keys(metrics: dict) -> list[str]:
     """Keys of a speed result's ``metrics`` (and of its sides) that this catalog does not declare."""
     top, side = {m.key for m in TOP}, {m.key for m in SIDE}
@@ -189,8 +209,8 @@ def _cell(text: str) -> str:
 def render_markdown() -> str:
     """The catalog as markdown tables (docs/reference.md's metrics section)."""
     lines = ["| key | unit | meaning | present for |", "|---|---|---|---|"]
-    lines += [f"| `{m.key}` | {_cell(m.unit)} | {_cell(m.meaning)} | {_cell(m.when)} |" for m in TOP]
+    lines += [f"| `{m.key}` | {_cell(m.unit)} | {_cell(m.meaning)} | {_cell(present_for(m))} |" for m in TOP]
     lines += ["", f"Keys of each side timed beside the mode ({', '.join(f'`metrics.{s}`' for s in SIDES)}):", "",
               "| key | unit | meaning | present for |", "|---|---|---|---|"]
-    lines += [f"| `{m.key}` | {_cell(m.unit)} | {_cell(m.meaning)} | {_cell(m.when)} |" for m in SIDE]
+    lines += [f"| `{m.key}` | {_cell(m.unit)} | {_cell(m.meaning)} | {_cell(present_for(m))} |" for m in SIDE]
     return "\n".join(lines) + "\n"

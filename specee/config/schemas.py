@@ -388,18 +388,15 @@ class ReproduceExperiment:
     facts: ClassVar[Recipe] = Recipe()
     _target_: str = "experiments.reproduce.run"
     name: str = "default"  # runs/reproduce/<name>, reports/<name>
-    # The default main job: the paper's staircase, EAGLE and the free peer (prompt lookup: the harness's,
-    # with transformers' timed beside it in the same job at the same length); experiment=reproduce_full
-    # adds transformers' prompt lookup at its own default length (hf_pld), AdaInfer, the tuned banks,
-    # the KV-policy and mapping variants and the compiled runtime (reports/full/).
-    ablations: list[str] = field(default_factory=lambda: ["dense", "pld", "specee_t1_t2", "eagle", "specee_full"])
+    # The ablations with a speed job each; every preset (conf/experiment/reproduce*.yaml) names its own
+    ablations: list[str] = field(default_factory=list)
     kv_policy_variants: list[str] = field(default_factory=list)  # also run with propagate
     mapping_variants: list[str] = field(default_factory=list)  # also run independent
     # also run on runtime=compiled (beside eager dense, in the same job)
     runtime_variants: list[str] = field(default_factory=list)
     # HF generate is timed beside these only; the others' end-to-end figure against it is chained
     # through the dense job (their tokens/s against dense, same run x dense against HF generate)
-    hf_generate_ablations: list[str] = field(default_factory=lambda: ["dense"])
+    hf_generate_ablations: list[str] = field(default_factory=list)
     dataset: str = "spec_bench"
     # Instead of `dataset`: one speed job per ablation and prompt set, each `name` (a dataset option)
     # or `spec_bench:category`, with `count` prompts and `max_new_tokens` (reproduce_paper_speed).
@@ -412,7 +409,7 @@ class ReproduceExperiment:
     stats_count: Optional[int] = 1
     stats_placements: Optional[list[str]] = field(default_factory=lambda: ["all_layers", "offline_topm",
                                                                            "online_union"])
-    accuracy_ablations: list[str] = field(default_factory=lambda: ["dense", "specee_t1_t2"])
+    accuracy_ablations: list[str] = field(default_factory=list)  # an accuracy job each
     accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa"])
     accuracy_limit: Optional[int] = 25  # null: every item (the paper's protocol)
     # Tasks scored over whole documents (every token a decode step for the early-exit modes), run

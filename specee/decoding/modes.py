@@ -198,6 +198,8 @@ _EXIT_METRICS = ("predictor_calls_per_token", "verify_calls_per_token", "syncs_p
 _ORACLE_METRICS = ("oracle_gap", "avg_layers_over_oracle", "oracle_avg_layers", "tokens_not_full_stack_prediction",
                    "refuted_fires_per_token")
 _RANDOM_DRAFT = {"draft": "random weights of the draft head's shape"}
+_PEER_METRICS = ("peer",)  # transformers' peer timed in the same job
+_HF_METRICS = _PEER_METRICS + ("speedup_vs_hf_plain", "speedup_vs_hf_plain_ci", "transformers_peer", "not_applicable")
 
 _BUILTIN_DONE = False
 
@@ -222,10 +224,11 @@ def _builtin() -> None:
         ModeSpec("eagle", "EAGLE tree speculative decoding", _build_eagle, tree=TREE_ALWAYS, needs_draft=True,
                  extra_metrics=_EXIT_METRICS, synthetic=dict(_RANDOM_DRAFT)),
         ModeSpec("pld", "prompt lookup decoding (the harness's)", _build_pld, peer="hf_pld",
-                 costs=CostCounts(block_cost=True)),
+                 costs=CostCounts(block_cost=True),
+                 extra_metrics=_PEER_METRICS + ("speedup_vs_hf_pld", "speedup_vs_hf_pld_ci", "prompt_lookup")),
         ModeSpec("hf_pld", "transformers' prompt lookup (generate)", _build_hf_peer, speed_only=True,
-                 peer="hf_plain"),
+                 peer="hf_plain", extra_metrics=_HF_METRICS),
         ModeSpec("hf_self_spec", "transformers' early-exit self-speculation (generate)", _build_hf_peer,
-                 speed_only=True, peer="hf_plain"),
+                 speed_only=True, peer="hf_plain", extra_metrics=_HF_METRICS),
     ):
         register(s)
