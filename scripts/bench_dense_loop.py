@@ -54,8 +54,8 @@ def main() -> int:
         hf_generate(model, ids, 4, None)
         d_ms, h_ms, same = [], [], True
         for r in range(args.rounds):
-            for side in (("dense", "hf") if r % 2 == 0 else ("hf", "dense")):
-                if side == "dense":
+            for side in (("loop", "hf") if r % 2 == 0 else ("hf", "loop")):  # the harness's dense loop, HF generate
+                if side == "loop":
                     gen = dense.generate(ids, args.new_tokens, None)
                     d_ms.append(1e3 * gen.decode_s / (len(gen.tokens) - 1))
                     d_tokens = gen.tokens

@@ -176,10 +176,10 @@ SIDE: tuple[Metric, ...] = (
     Metric("num_layers", "layers", "the model's decoder layers"),
     Metric("avg_layers", "layers", "layers per token (num_layers)"),
     Metric("energy", "object", "energy of this side in its untimed window"),
-    Metric("speedup_vs_hf_generate", "ratio", "end-to-end tokens/s against generate", "dense"),
+    Metric("speedup_vs_hf_generate", "ratio", "end-to-end tokens/s against generate", "metrics.dense"),
     Metric("speedup_vs_hf_static_compiled", "ratio", "end-to-end tokens/s against generate over a static "
-                                                     "cache, compiled", "dense"),
-    Metric("speedup_vs_eager_dense", "ratio", "compiled dense against eager dense", "dense, runtime=compiled"),
+                                                     "cache, compiled", "metrics.dense"),
+    Metric("speedup_vs_eager_dense", "ratio", "compiled dense against eager dense", "metrics.dense, runtime=compiled"),
     Metric("identical_to_runtime_dense_share", "share 0-1", "prompts where eager dense's tokens equal "
                                                             "the compiled runtime's", "eager_dense"),
 )

@@ -24,7 +24,7 @@ def cost_model(cfg, rt, decoder, dense, inputs, mode_gens, dense_gens, measured:
     units = cm.measure_unit_costs(rt, decoder, dense, ids, cfg.dataset.max_new_tokens, rounds=cfg.experiment.cost_rounds)
     L, mode, decoding = rt.num_layers, cfg.ablation.mode, cfg.ablation.decoding
     mode_counts = cm.count_work(mode_gens, L, mode, decoding, units.get("draft_tree_syncs") or 0)
-    dense_counts = cm.count_work(dense_gens, L, "dense")
+    dense_counts = cm.count_work(dense_gens, L, modes.reference().name)
     model = cm.modelled_speedup(mode_counts, dense_counts, units)
     context = units["context"]
     predicted = {}
