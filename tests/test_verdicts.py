@@ -122,3 +122,24 @@ def test_report_keeps_the_records_it_rests_on(tmp_path):
     assert (out / "items/smollm2_135m/sst2_paper/dense.jsonl").is_file()
     summary = (out / "summary.md").read_text()
     assert "| smollm2_135m | sst2_paper |" in summary and "confirmed" in summary
+
+
+def test_the_records_a_report_writes_are_ignored_so_the_main_job_leaves_only_its_pages_changed():
+    """The main job rewrites reports/default/ (report.pdf, summary.md: committed) and its per-item
+    records (regenerated each time: ignored); git status then lists only the committed pages."""
+    import shutil
+    import subprocess
+
+    from conftest import ROOT
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    rels = list(verdicts.item_records(list(_sst2())))
+    assert rels and all(r.startswith(f"{verdicts.ITEMS}/") for r in rels)
+    paths = [f"reports/default/{r}" for r in rels]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert sorted(ignored) == sorted(paths)
+    pages = ["reports/default/report.pdf", "reports/default/summary.md"]
+    tracked = subprocess.run(["git", "ls-files", *pages], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert sorted(tracked) == pages
+    none = subprocess.run(["git", "check-ignore", *pages], cwd=ROOT, capture_output=True, text=True)
+    assert none.returncode == 1 and not none.stdout  # none of the pages is ignored
