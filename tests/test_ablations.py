@@ -226,6 +226,21 @@ def test_the_bank_a_copied_ablation_declares_is_the_bank_its_rows_name(tmp_path)
     assert verdicts.bank(probe) == ablations.BANKS["tuned"]
 
 
+def test_the_design_page_lists_the_files_a_new_ablation_and_mode_touch():
+    """docs/design.md's "Adding a mode or an ablation": every file it names exists, an ablation is
+    its YAML alone (the probe above follows it), and the identity fields it lists are the schema's."""
+    from specee.config import AblationConfig
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("## Adding a mode or an ablation\n", 1)[1].split("\n## ", 1)[0]
+    ablation = section.split("### An ablation\n", 1)[1]
+    assert "no Python" in ablation and "`conf/ablation/<name>.yaml`" in ablation
+    assert all(f"`{f}`" in ablation for f in ablations.FIELDS)
+    assert set(ablations.FIELDS) <= set(AblationConfig.__dataclass_fields__)
+    for path in sorted(set(re.findall(r"`((?:specee|conf|tests|scripts)/[^`\s]+)`", section))):
+        concrete = path.replace("<name>", "dense").replace("reproduce*", "reproduce")
+        assert (ROOT / concrete).exists(), f"docs/design.md names {path}, which is not there"
+
+
 # -- no import circles ------------------------------------------------------------------------------
 def _modules() -> dict[str, Path]:
     out = {}
