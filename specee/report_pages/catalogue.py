@@ -74,9 +74,9 @@ def ordered(names, docs) -> list[str]:
 
 def reference_name(docs) -> str | None:
     """The name the reference ablation's results print under (its plain run, not a variant)."""
-    refs = [display_name(d) for d in docs if ablations.of_doc(d).reference]
-    plain = [n for n in refs if n == n.split(" ")[0]]
-    return (plain or refs or [None])[0]
+    refs = [(display_name(d), d["config"]["ablation"]["name"]) for d in docs if ablations.of_doc(d).reference]
+    plain = [shown for shown, name in refs if shown == name]
+    return (plain or [shown for shown, _ in refs] or [None])[0]
 
 
 def set_label(doc) -> str:

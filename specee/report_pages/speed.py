@@ -14,7 +14,7 @@ import seaborn as sns  # noqa: E402
 
 from specee import ablations  # noqa: E402
 from specee.decoding import modes  # noqa: E402
-from specee.report_pages.catalogue import (Skip, by_kind, display_name, hardware, identities, ordered,  # noqa: E402
+from specee.report_pages.catalogue import (Skip, by_kind, display_name, hardware, ordered,  # noqa: E402
                                            reference_name, runtime_kind, stamp)
 
 
@@ -70,14 +70,23 @@ def _staircase_steps(overall, docs) -> list[tuple[str, list]]:
     """The ablations that declare themselves on the staircase (``ablation.staircase``), under their
     labels and in their order, each followed by its variants that change only the draft's
     vocabulary or the tree (full vs reduced vocabulary, fixed vs cost-chosen tree, side by side)."""
-    ids = identities(docs)
-    bars = sorted({i.name: i for i in ids.values() if i.staircase}.values(), key=lambda i: (i.order, i.name))
+    def side_by_side(d) -> bool:
+        a = d["config"]["ablation"]
+        return bool((d["config"].get("draft") or {}).get("vocab_size")) or a.get("tree_select") == "auto"
+    bars = {}  # ablation name -> (identity, its plain run's name, its variants' names)
+    for d in docs:
+        ident, shown = ablations.of_doc(d), display_name(d)
+        if not ident.staircase:
+            continue
+        _, plain, variants = bars.setdefault(ident.name, (ident, set(), set()))
+        if shown == ident.name:
+            plain.add(shown)
+        elif side_by_side(d):
+            variants.add(shown)
     steps = []
-    for i in bars:
-        if i.name in overall:
-            steps.append((i.label, overall[i.name]))
-        steps += [(i.label + v[len(i.name):], overall[v]) for v in sorted(overall)
-                  if v.startswith(i.name + " (") and ("draft vocab" in v or "tree by cost" in v)]
+    for ident, plain, variants in sorted(bars.values(), key=lambda b: (b[0].order, b[0].name)):
+        steps += [(ident.label, overall[n]) for n in plain]
+        steps += [(ident.label + n[len(ident.name):], overall[n]) for n in sorted(variants)]
     return steps
 
 
