@@ -223,8 +223,12 @@ def test_tuned_presets_are_their_base_with_tuned_predictors(preset, base):
     assert tuned.ablation.name == preset
     assert tuned.early_exit.calibration == "per_layer" and plain.early_exit.calibration == "global"
     assert tuned.early_exit.predictors_path.endswith("tiny_predictors_tuned")
+    # the same decoding; only its name and identity (label, bank, report order) say it is the tuned one
+    from specee.ablations import FIELDS
+    assert tuned.ablation.bank == "tuned" and plain.ablation.bank == "trained"
+    assert tuned.ablation.step == plain.ablation.step and tuned.ablation.staircase == plain.ablation.staircase
     strip = lambda c: {**OmegaConf.to_container(c, resolve=True), "ablation": {  # noqa: E731
-        **OmegaConf.to_container(c.ablation), "name": None}, "early_exit": None}
+        **OmegaConf.to_container(c.ablation), "name": None, **dict.fromkeys(FIELDS)}, "early_exit": None}
     assert strip(tuned) == strip(plain)
     te, pe = OmegaConf.to_container(tuned.early_exit, resolve=True), OmegaConf.to_container(plain.early_exit, resolve=True)
     assert {k: v for k, v in te.items() if k not in ("calibration", "predictors_path")} == \
