@@ -41,7 +41,7 @@ from specee.frontier.tasks import record_tasks, task_point
 from specee.io import project_path
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder
-from specee.runtime import build_runtime
+from specee.runtimes import build_runtime
 
 
 def split(prompts: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
@@ -70,7 +70,7 @@ def evaluate_point(policy, value, calib_recs, test_recs, units, dense_counts, L)
     """One operating point replayed on both halves."""
     thr = layer_thresholds(policy, value, calib_recs) if policy.kind == "specee" else value
     row = {"policy": policy.name, "label": policy.label, "knob": policy.knob, "value": value}
-    mode = "specee" if policy.kind == "specee" else "adainfer"
+    mode = policy.mode
     for half, recs in (("calibration", calib_recs), ("test", test_recs)):
         ex = [replay(r, policy, thr) for r in recs]
         g = generation_metrics(recs, ex)
@@ -214,7 +214,8 @@ def run(cfg) -> dict:
     if parts.get("ada_decoder") is not None:
         ada = cm.measure_unit_costs(rt, parts["ada_decoder"], dense, ids0, n_new, rounds=e.cost_rounds)
         units["samples_us"]["adainfer_probe"] = ada["samples_us"]["adainfer_probe"]
-    dense_counts = cm.count_work([type("G", (), {"tokens": [0] * (n_new + 1), "trace": []})()], L, "dense")
+    dense_counts = cm.count_work([type("G", (), {"tokens": [0] * (n_new + 1), "trace": []})()], L,
+                                 modes.reference().name)
 
     curves = {}
     for pol in tqdm(policies, desc="replay policies"):

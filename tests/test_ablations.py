@@ -26,8 +26,9 @@ MAX_LITERALS = 5  # results-format keys named after the reference's side ("dense
 
 
 def _literals(source: str, names) -> list[tuple[int, str]]:
-    """String constants equal to an ablation's name, except as a subscript, a dict key or the key
-    argument of get/setdefault/pop (a results document's own keys, e.g. ``metrics["dense"]``)."""
+    """String constants equal to an ablation's name, except as a subscript, a dict key, the key
+    argument of get/setdefault/pop or tested for membership in a mapping (a results document's own
+    keys, e.g. ``metrics["dense"]``)."""
     tree = ast.parse(source)
     keys = set()
     for node in ast.walk(tree):
@@ -38,6 +39,9 @@ def _literals(source: str, names) -> list[tuple[int, str]]:
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and node.func.attr in ("get", "setdefault", "pop") and node.args):
             keys.add(id(node.args[0]))
+        elif (isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn))
+              and not isinstance(node.comparators[0], (ast.Tuple, ast.List, ast.Set))):
+            keys.add(id(node.left))  # `"dense" in doc`: a key of a mapping
     return [(node.lineno, node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
             and id(node) not in keys]
@@ -60,7 +64,8 @@ def test_the_literal_scan_finds_what_it_is_meant_to():
     names = {"dense", "specee_t1_t2"}
     found = _literals('ORDER = ["dense", "specee_t1_t2"]\nif name == "specee_t1_t2":\n    pass\n', names)
     assert [n for _, n in found] == ["dense", "specee_t1_t2", "specee_t1_t2"]
-    assert not _literals('x = m["dense"]["ms"]; y = {"dense": 1}; z = m.get("dense")\n', names)
+    assert not _literals('x = m["dense"]["ms"]; y = {"dense": 1}; z = m.get("dense"); w = "dense" in m\n', names)
+    assert _literals('w = name in ("dense", "x")\n', names) == [(1, "dense")]
 
 
 # -- the identity, from a result's stored config or, for an older result, from its file -------------

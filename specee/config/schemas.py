@@ -470,13 +470,13 @@ class FrontierExperiment:
     _target_: str = "experiments.frontier.run"
     count: int = 20  # prompts per Spec-Bench category (the dataset group's count for other sources)
     max_new_tokens: int = 32  # per prompt (replaces the dataset group's)
-    # early-exit ablations whose operating points are replayed (autoregressive SpecEE, AdaInfer)
-    policies: list[str] = field(default_factory=lambda: ["specee_t1", "specee_t1_t2", "specee_t1_t2_tuned",
-                                                         "adainfer", "adainfer_crf"])
+    # early-exit ablations whose operating points are replayed (autoregressive SpecEE, AdaInfer);
+    # the preset (conf/experiment/frontier.yaml) names them, as it names the two lists below
+    policies: list[str] = field(default_factory=list)
     # ablations measured only by real runs at real_only_grid (tree SpecEE: its exits are not replayed)
-    real_only: list[str] = field(default_factory=lambda: ["specee_full"])
+    real_only: list[str] = field(default_factory=list)
     real_only_grid: list[float] = field(default_factory=lambda: [0.95, 0.8, 0.6, 0.4, 0.2])
-    lossless_peers: list[str] = field(default_factory=lambda: ["eagle", "pld"])  # points at zero loss
+    lossless_peers: list[str] = field(default_factory=list)  # points at zero loss
     # the knobs' grids (any order: swept from the most conservative point to the fastest)
     threshold_grid: list[float] = field(default_factory=lambda: [0.99, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4,
                                                                  0.3, 0.2, 0.1])

@@ -93,13 +93,13 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
             per_layer = pcfg.early_exit.calibration == "per_layer"
             policies.append(Policy(name, name, "specee", "target_precision" if per_layer else "threshold",
                                    prec_grid if per_layer else thr_grid, bank=bank_key, schedule=dec.schedule,
-                                   can_exit=list(dec.can_exit), per_layer=per_layer))
+                                   can_exit=list(dec.can_exit), per_layer=per_layer, mode=pcfg.ablation.mode))
         else:  # AdaInfer
             kind = pcfg.ablation.classifier
             parts[kind] = dec.svm
             parts["ada_decoder"] = parts["ada_decoder"] or dec
             policies.append(Policy(name, name, kind, "margin" if kind == "svm" else "p_stop",
-                                   margin_grid if kind == "svm" else pstop_grid))
+                                   margin_grid if kind == "svm" else pstop_grid, mode=pcfg.ablation.mode))
     if not policies:
         raise SpeceeError("experiment.policies is empty: name at least one early-exit ablation, e.g. [specee_t1_t2]")
     if parts["draft"] is None:  # AdaInfer alone: the draft still proposes nothing it reads

@@ -38,6 +38,7 @@ class Policy:
     can_exit: list[bool] = field(default_factory=list)  # layers with a predictor (below the last)
     per_layer: bool = False  # the knob picks one threshold per layer (tuned bank: target precision)
     min_fires: int = 5  # per_layer: fires a layer's threshold needs on the calibration split
+    mode: str = ""  # the replayed ablation's mode (its work is counted as that mode's)
 
 
 @dataclass
