@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from specee import results
+from specee import ablations, results
 from specee.bench import cost_model as cm
 from specee.bench.inputs import generation_eos, load_prompts
 from specee.bench.oracle import own_oracle
@@ -268,7 +268,7 @@ def run(cfg) -> dict:
     for name in e.lossless_peers:
         pcfg = policy_config(cfg, name)
         decoder = build_decoder(pcfg, rt, eos_id=eos)
-        peers[name] = {"label": modes.of(pcfg.ablation).label,
+        peers[name] = {"label": ablations.of(pcfg.ablation).label,
                        **timed(rt, dense, decoder, timed_prompts, n_new, eos, cfg.seed)}
 
     agreement = pages.replay_vs_real(curves, measured)

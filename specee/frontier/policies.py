@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from specee import ablations
 from specee.decoding import build_decoder, modes
 from specee.errors import SpeceeError
 from specee.frontier.replay import Policy
@@ -91,14 +92,14 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
             if card.is_file():
                 parts["calibration_prompt_ids"] |= set(json.loads(card.read_text()).get("calibration_prompt_ids", []))
             per_layer = pcfg.early_exit.calibration == "per_layer"
-            policies.append(Policy(name, name, "specee", "target_precision" if per_layer else "threshold",
+            policies.append(Policy(name, ablations.of(pcfg.ablation).label, "specee", "target_precision" if per_layer else "threshold",
                                    prec_grid if per_layer else thr_grid, bank=bank_key, schedule=dec.schedule,
                                    can_exit=list(dec.can_exit), per_layer=per_layer, mode=pcfg.ablation.mode))
         else:  # AdaInfer
             kind = pcfg.ablation.classifier
             parts[kind] = dec.svm
             parts["ada_decoder"] = parts["ada_decoder"] or dec
-            policies.append(Policy(name, name, kind, "margin" if kind == "svm" else "p_stop",
+            policies.append(Policy(name, ablations.of(pcfg.ablation).label, kind, "margin" if kind == "svm" else "p_stop",
                                    margin_grid if kind == "svm" else pstop_grid, mode=pcfg.ablation.mode))
     if not policies:
         raise SpeceeError("experiment.policies is empty: name at least one early-exit ablation, e.g. [specee_t1_t2]")
