@@ -103,6 +103,7 @@ def preflight(cfg) -> None:
     shape = model_shape(cfg.model)
     if recipe_name(cfg) == "accuracy":
         _baseline(cfg)
+        _user_tasks(cfg)
     if shape is None:
         return
     _context(cfg, shape)
@@ -169,3 +170,16 @@ def _baseline(cfg) -> None:
     path = project_path(e.baseline)
     if e.check_baseline or (e.update_baseline and path.exists()):
         drift.load(path, cfg.model.name)
+
+
+def _user_tasks(cfg) -> None:
+    """The user's task YAMLs under experiment.include_path that the run names (their fields, the
+    types and ranges of their values, their data files), before any model loads or folder is made."""
+    e = cfg.experiment
+    if not e.get("include_path"):
+        return
+    from specee.evaluation import registry
+    include = project_path(e.include_path)
+    if not include.is_dir():
+        raise SpeceeError(f"experiment.include_path={include} is not a folder of task YAMLs")
+    registry.check_user_tasks(list(e.tasks), include)
