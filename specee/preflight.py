@@ -100,6 +100,9 @@ def preflight(cfg) -> None:
         return
     from specee.models.folders import check_folders
     check_folders(cfg)  # every folder by name, all missing ones in one line, before any file is read
+    if facts.reads_prompts:  # every row typed (file:line), ids unique, before a run folder is made
+        from specee.data import load_prompt_set
+        load_prompt_set(project_path(cfg.paths.data_root), cfg.dataset)
     shape = model_shape(cfg.model)
     if recipe_name(cfg) == "accuracy":
         _baseline(cfg)
