@@ -58,6 +58,8 @@ def read_results(path: Path, fix: str) -> dict:
         raise SpeceeError(f"{path} is corrupt{cut}: not valid JSON ({err.msg}, line {err.lineno}); {fix}") from None
     from specee.table import check_results  # the contract's one definition (table imports this module)
     check_results(path, doc)
+    from specee.result_values import check_result_values  # the values the report computes with
+    check_result_values(path, doc)
     return doc
 
 
