@@ -250,16 +250,38 @@ def instruction_pairs(root, sources: list[str] | None = None) -> tuple[list[tupl
             raise SpeceeError(f"unknown instruction source {name!r}; valid: {sorted(INSTRUCTION_FILES)}")
         path = data_file(root, INSTRUCTION_FILES[name])
         shas[INSTRUCTION_FILES[name]] = sha256(path)
-        text = path.read_text(encoding="utf-8-sig")
-        rows = [json.loads(l) for l in text.splitlines() if l.strip()] if path.suffix == ".jsonl" \
-            else json.loads(text)
-        for r in rows:
+        if path.suffix == ".jsonl":
+            rows = [(f"{path}:{n}", r) for n, r in iter_jsonl(path)]
+        else:
+            doc = _read_json_file(path)
+            if not isinstance(doc, list):
+                raise SpeceeError(f"{path}: expected a JSON array of instruction records, got {_json_type(doc)}")
+            rows = [(f"{path} [{i}]", r) for i, r in enumerate(doc)]
+        for where, r in rows:
+            if not isinstance(r, dict):
+                raise SpeceeError(f"{where}: expected a JSON object, got {_json_type(r)}")
+            need = ("prompt", "answer") if "prompt" in r else ("instruction",)
+            for key in need:
+                if key not in r:
+                    raise SpeceeError(f"{where}: missing field {key!r}")
+            for key in ("prompt", "answer", "instruction", "input", "response", "output"):
+                if r.get(key) is not None and not isinstance(r[key], str):
+                    raise SpeceeError(f"{where}: field {key!r} is {_json_type(r[key])}; expected text")
             if "prompt" in r:  # dolly: already an Alpaca-style prompt
                 pairs.append((r["prompt"].strip(), r["answer"].strip()))
             else:
                 prompt = r["instruction"].strip() + (f"\n\n{r['input'].strip()}" if r.get("input") else "")
                 pairs.append((prompt, (r.get("response") or r.get("output") or "").strip()))
     return [p for p in pairs if p[0] and p[1]], shas
+
+
+def _read_json_file(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise SpeceeError(f"{path}: not UTF-8 text; save it as UTF-8 JSON") from None
+    except json.JSONDecodeError as err:
+        raise SpeceeError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
 
 
 def story_openings(root, count: int, words: int = 12) -> tuple[list[Prompt], dict]:

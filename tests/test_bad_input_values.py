@@ -359,3 +359,21 @@ def test_a_prompt_row_of_the_wrong_type_ends_in_one_line_before_any_folder(tmp_p
     path.write_text(json.dumps({"prompt": "Once upon a time"}) + "\n" + json.dumps({"prompt": 42}) + "\n")
     _refused_whole_run(tmp_path, ["experiment=speed", "model=tiny", "dataset=jsonl", f"dataset.path={path}",
                                   "dataset.field=prompt"], f"{path}:2", "'prompt'")
+
+
+@pytest.mark.parametrize("source,body,named", [
+    ("alpaca_gpt4_demo", json.dumps([{"instruction": 5, "output": "x"}]), "[0]: field 'instruction'"),
+    ("alpaca_gpt4_demo", json.dumps({"instruction": "x"}), "JSON array"),
+    ("dolly_sample", json.dumps({"prompt": "a", "answer": "b"}) + "\n" + json.dumps({"prompt": ["a"], "answer": "b"}),
+     ":2: field 'prompt'"),
+    ("dolly_sample", json.dumps({"prompt": "a"}), ":1: missing field 'answer'"),
+])
+def test_instruction_data_value(tmp_path, source, body, named):
+    """Training data under paths.data_root (the draft head's instruction sets) is a user's file too."""
+    from specee import data
+    path = tmp_path / data.INSTRUCTION_FILES[source]
+    path.parent.mkdir(parents=True)
+    path.write_text(body + "\n")
+    with pytest.raises(SpeceeError) as err:
+        data.instruction_pairs(tmp_path, [source])
+    _one_line(err.value, str(path), named)
