@@ -145,17 +145,19 @@ def check_task_fields(yml: Path, cfg: dict, _seen: tuple = ()) -> dict | None:
             raise task_values.refuse(yml, "include", f"include is {one!r}; expected the path of a task YAML "
                                      "(or a list of them)", cfg.get("task") if isinstance(cfg.get("task"), str) else None)
         path = Path(one) if Path(one).is_absolute() else yml.parent / one
-        if path.is_file() and path not in _seen:
-            try:
-                base = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_Lenient)
-            except (UnicodeDecodeError, yaml.YAMLError, OSError):
-                return None  # lm-eval reports an unreadable include itself
-            if isinstance(base, dict):
-                below = check_task_fields(path, base, (*_seen, yml))
-                if below is None:
-                    return None
-                below.pop("task_list", None)
-                merged.update(below)
+        if not path.is_file() or path in _seen:
+            return None  # lm-eval reports a missing or circular include; the merged task is unknown here
+        try:
+            base = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_Lenient)
+        except (UnicodeDecodeError, yaml.YAMLError, OSError):
+            return None  # lm-eval reports an unreadable include itself
+        if not isinstance(base, dict):
+            return None
+        below = check_task_fields(path, base, (*_seen, yml))
+        if below is None:
+            return None
+        below.pop("task_list", None)
+        merged.update(below)
     merged.update({k: v for k, v in cfg.items() if k != "include"})  # local keys win
     return merged
 
