@@ -354,8 +354,8 @@ def _row_prompt(row, d, where: str, index: int) -> Prompt:
     if isinstance(turns, list):
         check_kind(turns, "turns", f"{where}: {key!r} ({setting})")
     elif not ROW_KINDS["text"][1](turns):
-        raise SpeceeError(f"{where}: {key!r} ({setting}) is {_json_type(turns)} ({str(turns)[:40]!r}); "
-                          "expected a non-empty string or a non-empty list of non-empty strings")
+        raise SpeceeError(f"{where}: the prompt must be a non-empty string or a list of non-empty strings; "
+                          f"{key!r} ({setting}) is {_json_type(turns)} ({str(turns)[:40]!r})")
     turns = [turns] if isinstance(turns, str) else turns
     category = "all"
     if d.category_field:
