@@ -1,9 +1,9 @@
 """The types of the values a report reads from a results.json, checked as the file is read.
 
 The results contract (``specee.table.check_results``) says a document is a specee result; this
-says its values are what the report computes with: names are text, speed metrics are numbers
-(their units declared in ``specee.bench.metrics_catalog``), shares lie in [0, 1], accuracies
-are numbers and item counts whole. A hand-edited or foreign value is named with its key, and the
+says its values are what the report computes with: names are text, a speed result's metrics are
+numbers (their units declared in ``specee.bench.metrics_catalog``), shares lie in [0, 1], an
+accuracy result's accuracies are numbers and its item counts whole. A hand-edited or foreign value is named with its key, and the
 report skips that file and renders the rest (``specee.results.read_sweep``).
 """
 from __future__ import annotations
@@ -85,15 +85,18 @@ def check_result_values(path: Path, doc: dict) -> None:
         if holder.get(key) is not None and not isinstance(holder[key], str):
             bad(key if key == "device" else f"env.{key}", holder[key], "text")
     m = doc["metrics"]
-    sides = {side: m.get(side) for side in SIDES if isinstance(m.get(side), dict)}
-    for metrics, catalog, prefix in [(m, TOP, "metrics")] + [(v, SIDE, f"metrics.{s}") for s, v in sides.items()]:
-        for entry in catalog:
-            if entry.key in metrics and (rule := _rule(entry.unit)) and not rule[0](metrics[entry.key]):
-                bad(f"{prefix}.{entry.key}", metrics[entry.key], rule[1])
-    for side in SIDES:
-        if m.get(side) is not None and not isinstance(m[side], dict):
-            bad(f"metrics.{side}", m[side], "a mapping of that side's metrics")
-    acc = m.get("accuracy")
+    # The catalog declares the speed recipe's metrics; other recipes reuse some names for other shapes.
+    recipe = str(cfg["experiment"].get("_target_", ""))
+    if recipe == "experiments.speed.run":
+        sides = {side: m.get(side) for side in SIDES if isinstance(m.get(side), dict)}
+        for metrics, catalog, prefix in [(m, TOP, "metrics")] + [(v, SIDE, f"metrics.{s}") for s, v in sides.items()]:
+            for entry in catalog:
+                if entry.key in metrics and (rule := _rule(entry.unit)) and not rule[0](metrics[entry.key]):
+                    bad(f"{prefix}.{entry.key}", metrics[entry.key], rule[1])
+        for side in SIDES:
+            if m.get(side) is not None and not isinstance(m[side], dict):
+                bad(f"metrics.{side}", m[side], "a mapping of that side's metrics")
+    acc = m.get("accuracy") if recipe == "experiments.accuracy.run" else None
     if acc is not None:
         if not isinstance(acc, dict):
             bad("metrics.accuracy", acc, "a mapping of task -> its metrics")

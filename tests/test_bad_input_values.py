@@ -284,9 +284,10 @@ def test_card_value(tmp_path, card, what, key, value):
 
 # -- results.json read by the report -------------------------------------------------------------
 def _result(**metrics) -> dict:
+    recipe = "accuracy" if "accuracy" in metrics else "speed"
     return {"specee_results": 1, "created": "2026-01-01T00:00:00+00:00",
             "config": {"model": {"name": "tiny"}, "ablation": {"name": "dense", "mode": "dense"},
-                       "experiment": {"_target_": "experiments.speed.run"}},
+                       "experiment": {"_target_": f"experiments.{recipe}.run"}},
             "env": {"cpu": "x", "torch_threads": 1, "gpus": []},
             "metrics": {"decode_tokens_per_s": 10.0, "speedup_vs_dense": 1.0, **metrics}}
 
@@ -377,3 +378,12 @@ def test_instruction_data_value(tmp_path, source, body, named):
     with pytest.raises(SpeceeError) as err:
         data.instruction_pairs(tmp_path, [source])
     _one_line(err.value, str(path), named)
+
+
+def test_another_recipes_metrics_are_not_read_as_speed_metrics():
+    """The catalog is the speed recipe's: a frontier result's `prompts` (a mapping of counts per
+    half) is not a speed job's prompt count."""
+    from specee.result_values import check_result_values
+    doc = _result(prompts={"calibration": 7, "test": 6, "timed": [1, 2]})
+    doc["config"]["experiment"]["_target_"] = "experiments.frontier.run"
+    check_result_values("r/results.json", doc)

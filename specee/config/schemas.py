@@ -456,7 +456,7 @@ class FrontierExperiment:
     the oracle's, and per policy the fastest point whose loss is <= delta with probability >= 1 - epsilon
     (Learn-then-Test on a calibration half, reported on the test half). Prompts from the dataset group."""
     facts: ClassVar[Recipe] = Recipe(loads_model=True, needs_draft=True, needs_bank=True, reuses_finished=True,
-                                     context_budgets=("experiment.max_new_tokens",))
+                                     reads_prompts=True, context_budgets=("experiment.max_new_tokens",))
     _target_: str = "experiments.frontier.run"
     count: int = 20  # prompts per Spec-Bench category (the dataset group's count for other sources)
     max_new_tokens: int = 32  # per prompt (replaces the dataset group's)
