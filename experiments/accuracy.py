@@ -171,9 +171,15 @@ def calibration_overlap(cfg, samples: dict) -> int | None:
     card = project_path(cfg.early_exit.predictors_path) / "predictors_card.json"
     if modes.of(cfg.ablation).reference or "gsm8k" not in samples or not card.is_file():
         return None
-    ids = set(json.loads(card.read_text()).get("calibration_prompt_ids", []))
-    spec = project_path(cfg.paths.data_root) / "spec_bench" / "question.jsonl"
-    calib = {q["turns"][0].strip() for q in map(json.loads, spec.read_text().splitlines())
+    from specee.artifact_checks import check_card_values
+    from specee.cards import read_card
+    from specee.data import SPEC_BENCH, read_jsonl
+    fix = "retrain the predictors (experiment=train_predictors) or point early_exit.predictors_path at another"
+    doc = read_card(card, fix, what="predictors card")  # typed here too: a mode without a bank skips preflight's
+    check_card_values(doc, card, "predictors card", {"calibration_prompt_ids": "ids"}, fix)
+    ids = set(doc.get("calibration_prompt_ids", []))
+    spec = project_path(cfg.paths.data_root) / SPEC_BENCH
+    calib = {q["turns"][0].strip() for q in read_jsonl(spec, {"question_id": "id", "turns": "turns"})
              if q["question_id"] in ids}
     return sum(s["doc"]["question"].strip() in calib for s in samples["gsm8k"])
 

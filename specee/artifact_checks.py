@@ -88,5 +88,103 @@ def check_model_shape(conf: dict, path: str | Path, fix: str) -> None:
             problems.append(f"num_key_value_heads={conf['num_key_value_heads']!r} (must be a whole number >= 1)")
         elif heads and heads >= 1 and heads % kv:
             problems.append(f"num_attention_heads={heads} is not divisible by num_key_value_heads={kv}")
+    problems += _ranges(conf, whole("vocab_size"))
     if problems:
         raise SpeceeError(f"{path} describes a model that cannot be built: {'; '.join(problems)}; {fix}")
+    typed_by_transformers(conf, path, fix)  # after the shape: a config class divides by the heads
+
+
+def typed_by_transformers(conf: dict, path: str | Path, fix: str) -> None:
+    """The types of a config.json's fields, checked by transformers' own config class (a strict
+    dataclass: ``num_hidden_layers: "32"`` or ``tie_word_embeddings: "yes"`` is refused there) without
+    building the model. A model_type transformers does not know (remote code) is left to the load."""
+    model_type = conf.get("model_type")
+    if not isinstance(model_type, str):
+        return
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    if model_type not in CONFIG_MAPPING:
+        return
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older hub library: no strict configs, the ranges below still apply
+        StrictDataclassError = ()  # noqa: N806
+    values = {k: v for k, v in conf.items() if not str(k).startswith("_")}
+    try:
+        AutoConfig.for_model(**values)
+    except StrictDataclassError as err:
+        why = " ".join(str(err.__cause__ or err).split()).split(". Errors:")[0]
+        raise SpeceeError(f"{path}: {why[:300]}; {fix}") from None
+    except (TypeError, ValueError, KeyError, ArithmeticError, AttributeError) as err:  # transformers' own checks
+        raise SpeceeError(f"{path}: transformers refuses this config ({' '.join(str(err).split())[:200]}); "
+                          f"{fix}") from None
+
+
+def _ranges(conf: dict, vocab: int | None) -> list[str]:
+    """Ranges transformers' config classes do not check, of the fields the runtime reads."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    out = []
+    for key in ("max_position_embeddings", "intermediate_size", "head_dim", "sliding_window"):
+        v = conf.get(key)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            out.append(f"{key}={v!r} (must be a whole number >= 1)")
+    for key in ("rms_norm_eps", "layer_norm_eps"):
+        v = conf.get(key)
+        if v is not None and not (number(v) and v > 0):
+            out.append(f"{key}={v!r} (must be a number > 0)")
+    for key in ("attention_dropout", "hidden_dropout"):
+        v = conf.get(key)
+        if v is not None and not (number(v) and 0 <= v <= 1):
+            out.append(f"{key}={v!r} (must be a number in [0, 1])")
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = conf.get(key)
+        ids = v if isinstance(v, list) else [v] if v is not None else []
+        bad = [i for i in ids if not (isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                      and (vocab is None or i < vocab))]
+        if bad:
+            out.append(f"{key}={v!r} (token ids must be whole numbers in 0..{vocab - 1 if vocab else 'vocab_size-1'})")
+    return out
+
+
+def _whole_at_least(v, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _probability(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
+
+
+# The kinds of a card's values: (what it must be, test; layer tests take the model's layer count).
+CARD_KINDS = {
+    "count": ("a whole number >= 0", lambda v, n: _whole_at_least(v, 0)),
+    "positive": ("a whole number >= 1", lambda v, n: _whole_at_least(v, 1)),
+    "probability": ("a number in [0, 1]", lambda v, n: _probability(v)),
+    "text": ("a string", lambda v, n: isinstance(v, str)),
+    "ids": ("a list of prompt ids (strings or whole numbers)",
+            lambda v, n: isinstance(v, list) and all(isinstance(i, str) or _whole_at_least(i, 0) for i in v)),
+    "layers": ("a list of layer indices inside the model (0..layers-1)",
+               lambda v, n: isinstance(v, list) and all(_whole_at_least(i, 0) and (n is None or i < n) for i in v)),
+    "layer_rows": ("a list of per-layer records, each with a `layer` inside the model (0..layers-1) and a "
+                   "`threshold` (when given) in [0, 1]",
+                   lambda v, n: isinstance(v, list) and all(
+                       isinstance(r, dict) and _whole_at_least(r.get("layer"), 0) and (n is None or r["layer"] < n)
+                       and ("threshold" not in r or r["threshold"] is None or _probability(r["threshold"]))
+                       for r in v)),
+}
+
+
+def check_card_values(card: dict, path: str | Path, what: str, fields: dict[str, str], fix: str,
+                      num_layers: int | None = None) -> None:
+    """The values of a card's optional fields, each of its kind in CARD_KINDS (layer indices inside
+    a model of ``num_layers`` layers, when known): a card edited by hand or written by another tool
+    is refused naming the file and the key, before anything reads it."""
+    for key, kind in fields.items():
+        if key not in card:
+            continue
+        expected, ok = CARD_KINDS[kind]
+        if not ok(card[key], num_layers):
+            shown = repr(card[key]) if len(repr(card[key])) <= 40 else repr(card[key])[:37] + "..."
+            layers = f" (the model has {num_layers} layers)" if num_layers is not None and "layer" in kind else ""
+            raise SpeceeError(f"{path} is not a {what}: {key!r} holds {shown}; expected {expected}{layers}; {fix}")

@@ -157,22 +157,62 @@ def iter_jsonl(path: Path):
                 raise SpeceeError(f"{path}:{line_no}: not valid JSON ({err.msg}); fix or remove that line") from None
 
 
-def read_jsonl(path: Path, fields: tuple[str, ...] = ()) -> list[dict]:
-    """Rows of a JSONL file; a bad line or a row without ``fields`` is one error naming file:line."""
+def read_jsonl(path: Path, fields: tuple[str, ...] | dict[str, str] = ()) -> list[dict]:
+    """Rows of a JSONL file; a bad line, a row without ``fields`` or (``fields`` a dict of field ->
+    kind, see ROW_KINDS) a field of the wrong kind is one error naming file:line and the field."""
     rows = []
     for line_no, row in iter_jsonl(path):
-        missing = [k for k in fields if not isinstance(row, dict) or k not in row]
+        if not isinstance(row, dict):
+            raise SpeceeError(f"{path}:{line_no}: expected a JSON object (one per line), got {_json_type(row)}")
+        missing = [k for k in fields if k not in row]
         if missing:
             raise SpeceeError(f"{path}:{line_no}: missing field(s) {missing}")
+        if isinstance(fields, dict):
+            for key, kind in fields.items():
+                check_kind(row[key], kind, f"{path}:{line_no}: field {key!r}")
         rows.append(row)
     return rows
+
+
+def _json_type(value) -> str:
+    """A value's type in JSON's words (a user wrote JSON, not Python)."""
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+# The kinds a prompt row's fields take, and how each is said in an error.
+ROW_KINDS = {
+    "text": ("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip())),
+    "turns": ("a non-empty list of non-empty strings",
+              lambda v: isinstance(v, list) and bool(v) and all(isinstance(t, str) and t.strip() for t in v)),
+    "id": ("a string or a whole number", lambda v: isinstance(v, str) and bool(v.strip())
+           or isinstance(v, int) and not isinstance(v, bool)),
+}
+
+
+def check_kind(value, kind: str, where: str) -> None:
+    expected, ok = ROW_KINDS[kind]
+    if not ok(value):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise SpeceeError(f"{where} is {_json_type(value)} ({shown}); expected {expected}")
+
+
+def unique_ids(prompts: list, where: list[str]) -> None:
+    """Prompt ids key every per-prompt record (timings, exits, truncations): two rows with one id
+    would silently merge. ``where`` names each prompt's row."""
+    first: dict[str, str] = {}
+    for p, at in zip(prompts, where):
+        if p.id in first:
+            raise SpeceeError(f"{at}: prompt id {p.id!r} repeats the id of {first[p.id]}; give every row its "
+                              "own id")
+        first[p.id] = at
 
 
 def spec_bench_prompts(root, categories: list[str] | None = None, count: int | None = None,
                        offset: int = 0, per_category: bool = True) -> list[Prompt]:
     """Spec-Bench questions; with ``per_category`` the first ``count`` of each category."""
     path = data_file(root, SPEC_BENCH)
-    rows = read_jsonl(path, ("question_id", "category", "turns"))
+    rows = read_jsonl(path, {"question_id": "id", "category": "text", "turns": "turns"})
     if categories:
         known = sorted({r["category"] for r in rows})
         bad = [c for c in categories if c not in known]
@@ -210,16 +250,38 @@ def instruction_pairs(root, sources: list[str] | None = None) -> tuple[list[tupl
             raise SpeceeError(f"unknown instruction source {name!r}; valid: {sorted(INSTRUCTION_FILES)}")
         path = data_file(root, INSTRUCTION_FILES[name])
         shas[INSTRUCTION_FILES[name]] = sha256(path)
-        text = path.read_text(encoding="utf-8-sig")
-        rows = [json.loads(l) for l in text.splitlines() if l.strip()] if path.suffix == ".jsonl" \
-            else json.loads(text)
-        for r in rows:
+        if path.suffix == ".jsonl":
+            rows = [(f"{path}:{n}", r) for n, r in iter_jsonl(path)]
+        else:
+            doc = _read_json_file(path)
+            if not isinstance(doc, list):
+                raise SpeceeError(f"{path}: expected a JSON array of instruction records, got {_json_type(doc)}")
+            rows = [(f"{path} [{i}]", r) for i, r in enumerate(doc)]
+        for where, r in rows:
+            if not isinstance(r, dict):
+                raise SpeceeError(f"{where}: expected a JSON object, got {_json_type(r)}")
+            need = ("prompt", "answer") if "prompt" in r else ("instruction",)
+            for key in need:
+                if key not in r:
+                    raise SpeceeError(f"{where}: missing field {key!r}")
+            for key in ("prompt", "answer", "instruction", "input", "response", "output"):
+                if r.get(key) is not None and not isinstance(r[key], str):
+                    raise SpeceeError(f"{where}: field {key!r} is {_json_type(r[key])}; expected text")
             if "prompt" in r:  # dolly: already an Alpaca-style prompt
                 pairs.append((r["prompt"].strip(), r["answer"].strip()))
             else:
                 prompt = r["instruction"].strip() + (f"\n\n{r['input'].strip()}" if r.get("input") else "")
                 pairs.append((prompt, (r.get("response") or r.get("output") or "").strip()))
     return [p for p in pairs if p[0] and p[1]], shas
+
+
+def _read_json_file(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise SpeceeError(f"{path}: not UTF-8 text; save it as UTF-8 JSON") from None
+    except json.JSONDecodeError as err:
+        raise SpeceeError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
 
 
 def story_openings(root, count: int, words: int = 12) -> tuple[list[Prompt], dict]:
@@ -246,9 +308,9 @@ def calibration_prompts(root, c) -> tuple[list[Prompt], dict]:
 SOURCES = ("spec_bench", "mt_bench", "gsm8k", "humaneval", "alpaca", "jsonl", "hf")
 
 
-def _jsonl(root, rel) -> list[dict]:
+def _jsonl(root, rel, fields: dict[str, str]) -> list[dict]:
     path = data_file(root, rel)
-    rows = read_jsonl(path)
+    rows = read_jsonl(path, fields)
     if not rows:
         raise SpeceeError(f"{path} is empty; check paths.data_root")
     return rows
@@ -259,13 +321,13 @@ def load_prompt_set(root, d) -> list[Prompt]:
     if d.source == "spec_bench":
         return spec_bench_prompts(root, d.categories, d.count, d.offset)
     if d.source == "mt_bench":
-        prompts = [Prompt(f"mt{r['question_id']}", r["category"], list(r["turns"])) for r in _jsonl(root, MT_BENCH)]
+        prompts = [Prompt(f"mt{r['question_id']}", r["category"], list(r["turns"])) for r in _jsonl(root, MT_BENCH, {"question_id": "id", "category": "text", "turns": "turns"})]
         if d.categories:
             prompts = [p for p in prompts if p.category in d.categories]
     elif d.source == "gsm8k":
-        prompts = [Prompt(f"gsm8k{i}", "gsm8k", [r["question"]]) for i, r in enumerate(_jsonl(root, "gsm8k/test.jsonl"))]
+        prompts = [Prompt(f"gsm8k{i}", "gsm8k", [r["question"]]) for i, r in enumerate(_jsonl(root, "gsm8k/test.jsonl", {"question": "text"}))]
     elif d.source == "humaneval":
-        prompts = [Prompt(r["task_id"], "humaneval", [r["prompt"]]) for r in _jsonl(root, "humaneval/HumanEval.jsonl")]
+        prompts = [Prompt(r["task_id"], "humaneval", [r["prompt"]]) for r in _jsonl(root, "humaneval/HumanEval.jsonl", {"task_id": "id", "prompt": "text"})]
     elif d.source == "alpaca":
         pairs, _ = instruction_pairs(root, ["alpaca_gpt4_demo"])
         prompts = [Prompt(f"alpaca{i}", "alpaca", [p]) for i, (p, _) in enumerate(pairs)]
@@ -284,28 +346,28 @@ def load_prompt_set(root, d) -> list[Prompt]:
 def _row_prompt(row, d, where: str, index: int) -> Prompt:
     """One user row -> Prompt; ``where`` names the row (file:line) in every error."""
     if not isinstance(row, dict):
-        raise SpeceeError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    if d.turns_field:
-        if d.turns_field not in row:
-            raise SpeceeError(f"{where}: no key {d.turns_field!r} (dataset.turns_field); keys: {sorted(row)}")
-        turns = row[d.turns_field]
-        if isinstance(turns, str):
-            turns = [turns]
-    else:
-        if d.field not in row:
-            raise SpeceeError(f"{where}: no key {d.field!r} (dataset.field); keys: {sorted(row)}")
-        turns = row[d.field]
-        turns = [turns] if isinstance(turns, str) else turns
-    if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
-        raise SpeceeError(f"{where}: the prompt must be a non-empty string or a list of non-empty strings")
+        raise SpeceeError(f"{where}: expected a JSON object, got {_json_type(row)}")
+    key, setting = (d.turns_field, "dataset.turns_field") if d.turns_field else (d.field, "dataset.field")
+    if key not in row:
+        raise SpeceeError(f"{where}: no key {key!r} ({setting}); keys: {sorted(map(str, row))}")
+    turns = row[key]  # a string is one turn, under either key
+    if isinstance(turns, list):
+        check_kind(turns, "turns", f"{where}: {key!r} ({setting})")
+    elif not ROW_KINDS["text"][1](turns):
+        raise SpeceeError(f"{where}: the prompt must be a non-empty string or a list of non-empty strings; "
+                          f"{key!r} ({setting}) is {_json_type(turns)} ({str(turns)[:40]!r})")
+    turns = [turns] if isinstance(turns, str) else turns
     category = "all"
     if d.category_field:
         if d.category_field not in row:
             raise SpeceeError(f"{where}: no key {d.category_field!r} (dataset.category_field)")
+        check_kind(row[d.category_field], "id", f"{where}: {d.category_field!r} (dataset.category_field)")
         category = str(row[d.category_field])
-    pid = str(row[d.id_field]) if d.id_field and d.id_field in row else f"{d.name}{index}"
     if d.id_field and d.id_field not in row:
         raise SpeceeError(f"{where}: no key {d.id_field!r} (dataset.id_field)")
+    if d.id_field:
+        check_kind(row[d.id_field], "id", f"{where}: {d.id_field!r} (dataset.id_field)")
+    pid = str(row[d.id_field]) if d.id_field else f"{d.name}{index}"
     return Prompt(pid, category, turns)
 
 
@@ -315,11 +377,13 @@ def user_jsonl_prompts(d) -> list[Prompt]:
     path = project_path(d.path)
     if not path.is_file():
         raise SpeceeError(f"dataset.path={d.path}: no such file ({path})")
-    prompts = []
+    prompts, where = [], []
     for line_no, row in iter_jsonl(path):
-        prompts.append(_row_prompt(row, d, f"{path}:{line_no}", len(prompts)))
+        where.append(f"{path}:{line_no}")
+        prompts.append(_row_prompt(row, d, where[-1], len(prompts)))
     if not prompts:
         raise SpeceeError(f"dataset.path={d.path} holds no prompts")
+    unique_ids(prompts, where)
     return prompts
 
 
@@ -350,7 +414,9 @@ def user_hf_prompts(d) -> list[Prompt]:
     except Exception as err:  # noqa: BLE001 - datasets raises many types; one message for all
         raise SpeceeError(f"dataset.path={d.path} (split {d.split}) cannot be read by datasets: "
                           f"{type(err).__name__}: {err}") from None
-    prompts = [_row_prompt(row, d, f"{d.path} [{d.split}] row {i}", i) for i, row in enumerate(ds)]
+    where = [f"{d.path} [{d.split}] row {i}" for i in range(len(ds))]
+    prompts = [_row_prompt(row, d, where[i], i) for i, row in enumerate(ds)]
     if not prompts:
         raise SpeceeError(f"dataset.path={d.path} (split {d.split}) holds no prompts")
+    unique_ids(prompts, where)
     return prompts

@@ -100,9 +100,13 @@ def preflight(cfg) -> None:
         return
     from specee.models.folders import check_folders
     check_folders(cfg, facts, modes.of(cfg.ablation))  # every folder by name, all missing ones in one line, before any file is read
+    if facts.reads_prompts:  # every row typed (file:line), ids unique, before a run folder is made
+        from specee.data import load_prompt_set
+        load_prompt_set(project_path(cfg.paths.data_root), cfg.dataset)
     shape = model_shape(cfg.model)
     if recipe_name(cfg) == "accuracy":
         _baseline(cfg)
+        _user_tasks(cfg)
     if shape is None:
         return
     _context(cfg, shape)
@@ -169,3 +173,16 @@ def _baseline(cfg) -> None:
     path = project_path(e.baseline)
     if e.check_baseline or (e.update_baseline and path.exists()):
         drift.load(path, cfg.model.name)
+
+
+def _user_tasks(cfg) -> None:
+    """The user's task YAMLs under experiment.include_path that the run names (their fields, the
+    types and ranges of their values, their data files), before any model loads or folder is made."""
+    e = cfg.experiment
+    if not e.get("include_path"):
+        return
+    from specee.evaluation import registry
+    include = project_path(e.include_path)
+    if not include.is_dir():
+        raise SpeceeError(f"experiment.include_path={include} is not a folder of task YAMLs")
+    registry.check_user_tasks(list(e.tasks), include)

@@ -46,6 +46,8 @@ def read_results(path: Path, fix: str) -> dict:
     wrong with it and ``fix``."""
     doc = read_json(path, fix)
     check_results(path, doc)
+    from specee.result_values import check_result_values  # the values the report computes with
+    check_result_values(path, doc)
     return doc
 
 

@@ -25,6 +25,7 @@ class Recipe:
     takes_runtime: bool = False  # runtime=compiled applies
     reuses_finished: bool = False  # a finished run in its folder is reused (skip-if-done, sweeps)
     runs_speed_baselines: bool = False  # speed-only modes (transformers' generate peers) may run
+    reads_prompts: bool = False  # decodes the dataset group's prompts (read and typed in preflight)
     context_budgets: tuple[str, ...] = ()
 
 
@@ -186,7 +187,7 @@ class DatasetConfig:
 
 @dataclass
 class SpeedExperiment:
-    facts: ClassVar[Recipe] = Recipe(loads_model=True, decodes=True, takes_runtime=True, reuses_finished=True, runs_speed_baselines=True, context_budgets=("dataset.max_new_tokens",))
+    facts: ClassVar[Recipe] = Recipe(loads_model=True, decodes=True, takes_runtime=True, reuses_finished=True, runs_speed_baselines=True, reads_prompts=True, context_budgets=("dataset.max_new_tokens",))
     _target_: str = "experiments.speed.run"
     warmup: int = 1
     repeats: int = 1
@@ -353,7 +354,7 @@ class ProfileExitsExperiment:
 
 @dataclass
 class StatsExperiment:
-    facts: ClassVar[Recipe] = Recipe(loads_model=True, needs_draft=True, needs_bank=True, takes_runtime=True, reuses_finished=True, context_budgets=("dataset.max_new_tokens",))
+    facts: ClassVar[Recipe] = Recipe(loads_model=True, needs_draft=True, needs_bank=True, takes_runtime=True, reuses_finished=True, reads_prompts=True, context_budgets=("dataset.max_new_tokens",))
     _target_: str = "experiments.stats.run"
     max_n: int = 10  # context-similarity hit rate for N = 1..max_n
     placements: list[str] = field(default_factory=lambda: ["all_layers", "offline_topm", "online_union",
@@ -365,7 +366,7 @@ class StatsExperiment:
 class PotentialExperiment:
     """Will SpecEE pay off here? Exit potential, unit costs, ceilings and break-even, before training
     (experiments/potential.py). Prompts and length from the dataset group."""
-    facts: ClassVar[Recipe] = Recipe(loads_model=True)
+    facts: ClassVar[Recipe] = Recipe(loads_model=True, reads_prompts=True)
     _target_: str = "experiments.potential.run"
     rounds: int = 40  # timing rounds per unit cost (block costs: a quarter of them, at least 3)
 
@@ -466,7 +467,7 @@ class FrontierExperiment:
     the oracle's, and per policy the fastest point whose loss is <= delta with probability >= 1 - epsilon
     (Learn-then-Test on a calibration half, reported on the test half). Prompts from the dataset group."""
     facts: ClassVar[Recipe] = Recipe(loads_model=True, needs_draft=True, needs_bank=True, reuses_finished=True,
-                                     context_budgets=("experiment.max_new_tokens",))
+                                     reads_prompts=True, context_budgets=("experiment.max_new_tokens",))
     _target_: str = "experiments.frontier.run"
     count: int = 20  # prompts per Spec-Bench category (the dataset group's count for other sources)
     max_new_tokens: int = 32  # per prompt (replaces the dataset group's)

@@ -178,7 +178,13 @@ def load_classifier(folder: str | Path, kind: str):
     """The AdaInfer classifier ``kind`` (svm | crf) from an adainfer folder."""
     if kind not in CLASSIFIERS:
         raise SpeceeError(f"ablation.classifier={kind!r} is unknown; valid: {', '.join(CLASSIFIERS)}")
-    return AdaInferSVM.load(folder) if kind == "svm" else AdaInferCRF.load(folder)
+    classifier = AdaInferSVM.load(folder) if kind == "svm" else AdaInferCRF.load(folder)
+    from specee.artifact_checks import check_card_values
+    check_card_values(classifier.card, Path(folder) / (CARD if kind == "svm" else CRF_CARD), f"AdaInfer {kind} card",
+                      {"num_layers": "positive", "k": "positive", "samples": "count", "base_weights_fingerprint": "text",
+                       "calibration_prompt_ids": "ids"},
+                      "retrain it (experiment=train_predictors) or point early_exit.adainfer_path at another")
+    return classifier
 
 
 def standin_classifier(kind: str):

@@ -25,6 +25,10 @@ from specee.errors import SpeceeError
 WEIGHTS = "predictors.safetensors"
 CARD = "predictors_card.json"
 _FIX = "retrain the predictors (experiment=train_predictors) or point early_exit.predictors_path at others"
+# Optional card values read by decoders, preflight and the report, and their kinds
+# (specee.artifact_checks.CARD_KINDS).
+CARD_FIELDS = {"num_layers": "positive", "k": "positive", "threshold": "probability", "hidden": "positive",
+               "base_weights_fingerprint": "text", "calibration_prompt_ids": "ids", "per_layer": "layer_rows"}
 THRESHOLDS = "layer_thresholds"  # card key: one threshold per layer (early_exit.calibration=per_layer)
 _THRESHOLDS_FIX = ("retrain them with experiment.target_precision=P (e.g. 0.8), which stores per-layer "
                    "thresholds, or use early_exit.calibration=global (early_exit.threshold for every layer)")
@@ -217,6 +221,8 @@ class PredictorBank(nn.Module):
             raise SpeceeError(f"no trained predictors at early_exit.predictors_path={folder}; "
                               "train them with `python run.py experiment=train_predictors`")
         card = read_card(folder / CARD, _FIX, {"num_layers": int, "k": int}, "predictors card")
+        from specee.artifact_checks import check_card_values
+        check_card_values(card, folder / CARD, "predictors card", CARD_FIELDS, _FIX, num_layers)
         if card["num_layers"] != num_layers or card["k"] != k:
             raise SpeceeError(f"predictors at {folder} were trained for {card['num_layers']} layers, "
                               f"K={card['k']}; this run has {num_layers} layers, K={k}. Retrain them "

@@ -60,6 +60,9 @@ class ExitReplay:
                                                           for r in doc["prompts"]):
             self.kind, self.traces = "trace", {}
             for r in doc["prompts"]:
+                if not isinstance(r["prompt_sha"], str):
+                    raise SpeceeError(f"early_exit.replay={path}: a prompt's prompt_sha holds "
+                                      f"{str(r['prompt_sha'])[:40]!r}, not a hash (text); {fix}")
                 layers = r.get("exit_layers")
                 if not cards.counts(layers) or any(x < 1 or x > num_layers for x in layers):
                     raise SpeceeError(f"early_exit.replay={path}: prompt {r['prompt_sha']} has no exit_layers "

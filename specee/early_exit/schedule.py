@@ -140,6 +140,11 @@ def load_profile(folder: str | Path, num_layers: int) -> dict:
     counts = prof["exit_counts"]
     if not cards.counts(counts):
         raise SpeceeError(f"{path} is corrupt: exit_counts must be non-negative integers, one per layer; {fix}")
+    from specee.artifact_checks import check_card_values  # indices of the profile's own layers
+    check_card_values(prof, path, "exit profile", {"num_layers": "positive", "k": "positive", "threshold": "probability",
+                                                  "tokens": "count", "tokens_without_exit": "count",
+                                                  "default_offline_set": "layers", "calibration_prompt_ids": "ids"},
+                      fix, len(counts))
     from specee.early_exit.standin import fit_depth
     prof["exit_counts"] = counts = fit_depth(prof, num_layers)  # a synthetic profile rescales to any depth
     if len(counts) != num_layers:

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from specee.errors import SpeceeError
+from specee.evaluation import task_values
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 
@@ -86,7 +87,9 @@ def check_user_tasks(names, include_path: Path) -> None:
             raise SpeceeError(f"task YAML {yml}: `task` must be one name, not {cfg['task']!r}")
         if not isinstance(cfg, dict) or cfg.get("task") not in wanted:
             continue
-        check_task_fields(yml, cfg)
+        merged = check_task_fields(yml, cfg)
+        if merged is not None and (broken := task_values.check_merged(merged)):
+            raise task_values.refuse(yml, *broken, cfg["task"])
         files = (cfg.get("dataset_kwargs") or {}).get("data_files")
         if cfg.get("dataset_path") not in ("json", "jsonl") or not files:
             continue
@@ -114,13 +117,16 @@ def task_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(TaskConfig)} | set(_TASK_KEYS_EXTRA)
 
 
-def check_task_fields(yml: Path, cfg: dict, _seen: tuple = ()) -> None:
+def check_task_fields(yml: Path, cfg: dict, _seen: tuple = ()) -> dict | None:
     """Every top-level key of a task YAML (and of the YAMLs it includes) is a field lm-eval knows:
     an unknown or misspelled one (or a YAML anchor's holder key, which lm-eval passes on as a field)
-    would end in a TypeError traceback from TaskConfig. A task with its own ``class`` takes any."""
+    would end in a TypeError traceback from TaskConfig; every value is of the type and range lm-eval
+    reads (:mod:`specee.evaluation.task_values`), each named with the file that holds it. Returns
+    the task's merged config (includes first, as lm-eval merges them); a task with its own
+    ``class`` takes any field and is not checked (None)."""
     import difflib
     if "class" in cfg:
-        return
+        return None
     known = task_fields()
     unknown = [k for k in cfg if str(k) not in known]
     if unknown:
@@ -131,23 +137,37 @@ def check_task_fields(yml: Path, cfg: dict, _seen: tuple = ()) -> None:
                           + (f"did you mean {', '.join(hints[:3])}? " if hints else "")
                           + "remove or rename them (a YAML anchor belongs under a field lm-eval reads, e.g. "
                           "metadata); the fields are lm-eval's TaskConfig's")
+    task_values.check_file(yml, cfg)
     inc = cfg.get("include")
-    if isinstance(inc, str):
-        path = Path(inc) if Path(inc).is_absolute() else yml.parent / inc
-        if path.is_file() and path not in _seen:
-            try:
-                base = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_Lenient)
-            except (UnicodeDecodeError, yaml.YAMLError, OSError):
-                return  # lm-eval reports an unreadable include itself
-            if isinstance(base, dict):
-                check_task_fields(path, base, (*_seen, yml))
+    merged = {}
+    for one in inc if isinstance(inc, list) else [inc] if inc is not None else []:
+        if not isinstance(one, str) or not one:
+            raise task_values.refuse(yml, "include", f"include is {one!r}; expected the path of a task YAML "
+                                     "(or a list of them)", cfg.get("task") if isinstance(cfg.get("task"), str) else None)
+        path = Path(one) if Path(one).is_absolute() else yml.parent / one
+        if not path.is_file() or path in _seen:
+            return None  # lm-eval reports a missing or circular include; the merged task is unknown here
+        try:
+            base = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_Lenient)
+        except (UnicodeDecodeError, yaml.YAMLError, OSError):
+            return None  # lm-eval reports an unreadable include itself
+        if not isinstance(base, dict):
+            return None
+        below = check_task_fields(path, base, (*_seen, yml))
+        if below is None:
+            return None
+        below.pop("task_list", None)
+        merged.update(below)
+    merged.update({k: v for k, v in cfg.items() if k != "include"})  # local keys win
+    return merged
 
 
 class _Lenient(yaml.SafeLoader):
-    """YAML with lm-eval's ``!function`` tags read as plain strings (only the data files matter here)."""
+    """YAML with lm-eval's ``!function`` tags read as their names (lm-eval imports them later)."""
 
 
-_Lenient.add_multi_constructor("!", lambda loader, suffix, node: None)
+_Lenient.add_multi_constructor(
+    "!", lambda loader, suffix, node: task_values.Function(node.value if isinstance(node, yaml.ScalarNode) else ""))
 
 
 def task_manager(names, data_root: Path, out_dir: Path, include_path: Path | None = None,

@@ -125,6 +125,9 @@ def check_draft(path: str | Path, num_layers: int, hidden_size: int) -> dict:
             safetensors_shapes(f, _FIX)
         return {"format": "eagle-1", "path": str(folder)}
     card = read_card(folder / CARD, _FIX, _CARD_KEYS, "draft card")
+    from specee.artifact_checks import check_card_values
+    check_card_values(card, folder / CARD, "draft card", {"base_num_layers": "positive", "hidden_size": "positive",
+                                                          "format": "text", "base_weights_fingerprint": "text"}, _FIX)
     if card["base_num_layers"] != num_layers or card["hidden_size"] != hidden_size:
         raise SpeceeError(f"the draft head at {folder} was trained for another base model "
                           f"({card.get('base_model')}: {card['base_num_layers']} layers, hidden size "

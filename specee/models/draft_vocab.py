@@ -59,6 +59,15 @@ def read_table(folder: str | Path, vocab_size: int) -> dict:
     if not isinstance(table, dict) or table.get("format") != FORMAT:
         raise SpeceeError(f"{path} is not a draft vocabulary table of format {FORMAT}; {_FIX}")
     order = table.get("order")
+    if isinstance(order, list) and not all(isinstance(i, int) and not isinstance(i, bool) for i in order):
+        raise SpeceeError(f"{path}: 'order' must list token ids (whole numbers), not "
+                          f"{next(repr(i) for i in order if not isinstance(i, int) or isinstance(i, bool))[:40]}; {_FIX}")
+    cov = table.get("held_out_coverage", {})
+    if not isinstance(cov, dict) or not all(
+            str(k).isdigit() and (v is None or isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1)
+            for k, v in cov.items()):
+        raise SpeceeError(f"{path}: 'held_out_coverage' must map vocabulary sizes (whole numbers) to shares in "
+                          f"[0, 1], not {str(cov)[:40]!r}; {_FIX}")
     if (not isinstance(order, list) or table.get("vocab_size") != vocab_size or len(order) != vocab_size
             or sorted(order) != list(range(vocab_size))):
         raise SpeceeError(f"{path} was built for another vocabulary (this model has {vocab_size} tokens); {_FIX}")
