@@ -80,7 +80,8 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
         try:
             dec = build_decoder(pcfg, rt)
         except SpeceeError as err:  # an artifact this model lacks: the frontier goes on without it, and says so
-            parts["left_out"][name] = str(err)
+            from specee.io import PROJECT_ROOT  # a result names project files relative to the project
+            parts["left_out"][name] = str(err).replace(f"{PROJECT_ROOT}/", "")
             print(f"note: {name} left out: {err}")
             continue
         if spec.needs_bank:
