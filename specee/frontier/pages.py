@@ -259,7 +259,7 @@ def summary_md(doc: dict) -> str:
 
 
 def write_report(doc: dict, out_dir: Path) -> Path:
-    """summary.md, frontier.png/.pdf and results.json (a copy) under ``out_dir``."""
+    """summary.md, frontier.png/.pdf and frontier.json (a copy of the job's results.json) under ``out_dir``."""
     m = doc.get("metrics", {})
     if not isinstance(m, dict) or "curves" not in m:
         raise SpeceeError(f"not a frontier result (no curves): rerun experiment=frontier into {out_dir}")
@@ -267,7 +267,7 @@ def write_report(doc: dict, out_dir: Path) -> Path:
     model = doc.get("config", {}).get("model", {}).get("name", "?")
     figure(m, out_dir / "frontier", f"{model}: speed against tokens differing from the full stack")
     (out_dir / "summary.md").write_text(summary_md(doc), encoding="utf-8")
-    (out_dir / "results.json").write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
+    (out_dir / "frontier.json").write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
     print(f"wrote {out_dir / 'summary.md'}")
     return out_dir
 
