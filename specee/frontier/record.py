@@ -57,60 +57,83 @@ def record_request(rt, draft, banks: dict, k: int, ids: torch.Tensor, first: int
                    targets: list[int] | None = None, svm=None, crf=None) -> LayerRecord:
     """Run ``ids`` (1 x N) through every layer once; record decode steps ``first..N-1`` (the token
     at position j is run, predicting position j+1). ``targets``: the scored token per step."""
-    N, L = ids.shape[1], rt.num_layers
-    cache = rt.new_cache(N)
-    pos = rt.positions(cache, N)
-    h = rt.embed(ids)
-    rope = rt.rope(h, pos)
-    T = N - first
+    return record_requests(rt, draft, banks, k, [(ids, first, targets)], svm, crf)[0]
+
+
+@torch.inference_mode()
+def record_requests(rt, draft, banks: dict, k: int, requests: list[tuple], svm=None, crf=None) -> list[LayerRecord]:
+    """:func:`record_request` for several ``(ids, first, targets)`` at once (a task item's choices):
+    each sequence runs through the layers on its own, but each layer's LM head reads all their
+    decode steps in one product. On a CPU the LM head at every layer is most of a record's cost,
+    and one product over a few sequences' rows costs about what one sequence's does (the weight is
+    read once). Rows are independent, so each record is the one it would be alone."""
+    L = rt.num_layers
+    scored = requests[0][2] is not None
+    if any((r[2] is not None) != scored for r in requests):
+        raise ValueError("record_requests: either every request has targets or none has")
+    seqs = []
+    for ids, first, _ in requests:
+        cache = rt.new_cache(ids.shape[1])
+        pos = rt.positions(cache, ids.shape[1])
+        h = rt.embed(ids)
+        seqs.append({"ids": ids, "first": first, "cache": cache, "pos": pos, "h": h, "rope": rt.rope(h, pos)})
+    bounds = np.cumsum([0] + [s["ids"].shape[1] - s["first"] for s in seqs])
+    T = int(bounds[-1])
     argmax = np.zeros((T, L), dtype=np.int64)
-    logp = np.zeros((T, L), dtype=np.float32) if targets is not None else None
-    tgt = torch.tensor(targets, device=rt.device) if targets is not None else None
-    feats_ada, layer_logits_spec = [], []
+    logp = np.zeros((T, L), dtype=np.float32) if scored else None
+    tgt = torch.tensor([t for r in requests for t in r[2]], device=rt.device) if scored else None
+    feats_ada, layer_logits = [], []
     for i in range(L):
-        h = rt.run_layer(i, h, rope, cache, None, pos)
-        logits = rt.logits(h[0, first:]).float()  # (T, V)
+        for s in seqs:
+            s["h"] = rt.run_layer(i, s["h"], s["rope"], s["cache"], None, s["pos"])
+        logits = rt.logits(torch.cat([s["h"][0, s["first"]:] for s in seqs])).float()  # (T, V)
         argmax[:, i] = logits.argmax(-1).cpu().numpy()
         if tgt is not None:
             logp[:, i] = torch.log_softmax(logits, -1).gather(-1, tgt[:, None])[:, 0].cpu().numpy()
         if svm is not None or crf is not None:
             feats_ada.append(adainfer_features(logits))
-        layer_logits_spec.append(logits)
-    final_feat = rt.norm(h)  # (1, N, d): the dense feature the draft reads
+        layer_logits.append(logits)
     # the draft's speculative sets: output j-1 reads (token j, feature j-1) and proposes for position j
     spec = np.zeros((T, k), dtype=np.int64)
     exitable = np.zeros(T, dtype=bool)
-    if N > 1:
-        dcache = draft.new_cache(N)
-        f_hat = draft(ids[:, 1:], final_feat[:, :-1], dcache)[0]  # (N-1, d)
-        for t in range(T):
-            j = first + t
-            if j >= 1:
-                spec[t] = draft.topk(f_hat[j - 1], k).cpu().numpy()
-                exitable[t] = True
+    for s, lo in zip(seqs, bounds[:-1]):
+        ids, first, N = s["ids"], s["first"], s["ids"].shape[1]
+        if N < 2:
+            continue
+        final_feat = rt.norm(s["h"])  # (1, N, d): the dense feature the draft reads
+        f_hat = draft(ids[:, 1:], final_feat[:, :-1], draft.new_cache(N))[0]  # (N-1, d)
+        j0 = max(first, 1)  # step j needs draft output j-1
+        spec[lo + j0 - first: lo + N - first] = draft.topk(f_hat[j0 - 1: N - 1], k).cpu().numpy()
+        exitable[lo + j0 - first: lo + N - first] = True
     spec_t = torch.as_tensor(spec, device=rt.device)
     scores = {}
     for name, bank in banks.items():
         out = np.full((T, L), np.nan, dtype=np.float32)
         p_prev = torch.full((T, k), 1.0 / k, device=rt.device)
         for i in range(L):
-            z = layer_logits_spec[i].gather(-1, spec_t)  # (T, K) the speculative tokens' logits
+            z = layer_logits[i].gather(-1, spec_t)  # (T, K) the speculative tokens' logits
             p = torch.softmax(z, -1)
             if bool(bank.has[i]) and i < L - 1:
                 feats = torch.cat([z, p, p - p_prev], -1)
                 out[:, i] = bank.logit(i, feats).float().cpu().numpy().reshape(T)
             p_prev = p
         scores[name] = out
-    rec = LayerRecord(argmax, spec, scores, logp=logp, exitable=exitable,
-                      targets=np.asarray(targets, dtype=np.int64) if targets is not None else None)
+    svm_out = crf_out = None
     if feats_ada:
         x = torch.stack(feats_ada, 1)  # (T, L, 2)
         if svm is not None:
-            rec.svm = (x.float() @ svm.w.to(x.device) + svm.b).cpu().numpy()
+            svm_out = (x.float() @ svm.w.to(x.device) + svm.b).cpu().numpy()
         if crf is not None:
-            crf = crf.to(x.device)
-            rec.crf = crf.filtered(x).cpu().numpy()
-    return rec
+            crf_out = crf.to(x.device).filtered(x).cpu().numpy()
+    recs = []
+    for (_, _, targets), lo, hi in zip(requests, bounds[:-1], bounds[1:]):
+        recs.append(LayerRecord(argmax[lo:hi], spec[lo:hi], {n: v[lo:hi] for n, v in scores.items()},
+                                svm=None if svm_out is None else svm_out[lo:hi],
+                                crf=None if crf_out is None else crf_out[lo:hi],
+                                logp=None if logp is None else logp[lo:hi],
+                                targets=np.asarray(targets, dtype=np.int64) if scored else None,
+                                exitable=exitable[lo:hi]))
+    return recs
 
 
 def record_generation(rt, draft, banks, k, prompt_ids: torch.Tensor, tokens: list[int], svm=None, crf=None):
@@ -127,3 +150,9 @@ def record_continuation(rt, draft, banks, k, ctx: list[int], cont: list[int], sv
     step (``exit_at_context_end``), so every continuation token is scored by an exit decision."""
     ids = torch.tensor([ctx + cont[:-1]], device=rt.device)
     return record_request(rt, draft, banks, k, ids, len(ctx) - 1, cont, svm, crf)
+
+
+def record_continuations(rt, draft, banks, k, pairs: list[tuple[list[int], list[int]]], svm=None, crf=None):
+    """:func:`record_continuation` for several (ctx, cont) pairs in one :func:`record_requests`."""
+    return record_requests(rt, draft, banks, k, [(torch.tensor([ctx + cont[:-1]], device=rt.device), len(ctx) - 1, cont)
+                                                 for ctx, cont in pairs], svm, crf)

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from specee.evaluation import registry
 from specee.evaluation.lm import SpeceeLM
-from specee.frontier.record import record_continuation
+from specee.frontier.record import record_continuations
 from specee.frontier.replay import layer_thresholds, oracle_exits, replay
 from specee.io import project_path
 
@@ -25,23 +25,42 @@ from specee.io import project_path
 class RecordingLM(SpeceeLM):
     """lm-eval model answering with dense log-likelihoods while recording every layer."""
 
+    GROUP = 8  # requests recorded together at most (their layer logits are held until the draft runs)
+
     def __init__(self, rt, tokenizer, parts: dict, k: int, max_length=None):
         from specee.decoding.dense import DenseDecoder
         super().__init__(DenseDecoder(rt), tokenizer, max_length=max_length, prefix_reuse=False)
         self.parts, self.k = parts, k
         self.recorded: dict[tuple, list] = {}
 
-    def _record_pair(self, ctx, cont):
+    def _fit_pair(self, ctx, cont):
         ctx, _ = self._fit(ctx, self.max_length + 1 - len(cont), f"a {len(cont)}-token continuation")
-        return record_continuation(self.rt, self.parts["draft"], self.parts["banks"], self.k, ctx, cont,
-                                   self.parts.get("svm"), self.parts.get("crf"))
+        return ctx, cont
+
+    def _record_pair(self, ctx, cont):
+        return self._record_pairs([(ctx, cont)])[0]
+
+    def _record_pairs(self, pairs):
+        return record_continuations(self.rt, self.parts["draft"], self.parts["banks"], self.k,
+                                    [self._fit_pair(*p) for p in pairs], self.parts.get("svm"), self.parts.get("crf"))
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
-        out = []
-        for req in tqdm(requests, desc="record loglikelihood", disable=disable_tqdm):
-            rec = self._record_pair(*self.encode_pair(*req.args))
-            self.recorded[(req.task_name, req.doc_id, req.idx)] = [rec]
-            out.append((float(rec.logp[:, -1].sum()), bool((rec.final == rec.targets).all())))
+        # a multiple-choice item's requests share their context: recorded together, one LM head
+        # product per layer over all its choices (see record_requests)
+        groups: dict[str, list[int]] = {}
+        for n, req in enumerate(requests):
+            groups.setdefault(req.args[0], []).append(n)
+        out = [None] * len(requests)
+        bar = tqdm(total=len(requests), desc="record loglikelihood", disable=disable_tqdm)
+        for members in groups.values():
+            for chunk in (members[i: i + self.GROUP] for i in range(0, len(members), self.GROUP)):
+                recs = self._record_pairs([self.encode_pair(*requests[n].args) for n in chunk])
+                for n, rec in zip(chunk, recs):
+                    req = requests[n]
+                    self.recorded[(req.task_name, req.doc_id, req.idx)] = [rec]
+                    out[n] = (float(rec.logp[:, -1].sum()), bool((rec.final == rec.targets).all()))
+                bar.update(len(chunk))
+        bar.close()
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
