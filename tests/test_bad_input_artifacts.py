@@ -46,6 +46,9 @@ OPEN_ENDED = {("model", "model_card.json"), ("model", "generation_config.json"),
 # tokenizer file's inner format, which the tokenizers library defines): refused at load time,
 # still before any decoding. A foreign fingerprint beside an artifact that records the right one
 # is refused earlier, by comparing the two cards.
+# A folder holding files that different options read: a broken file is tested under the option
+# that reads it (an SVM run never opens the CRF beside it, and must not refuse it).
+OPTIONS_BY_FILE = {("svm", "adainfer_crf.json"): ("ablation=adainfer_crf",)}
 AT_LOAD = {"fingerprint", "model/model.safetensors:shapes", "model/config.json:shapes",
            "model/tokenizer.json:wrong_keys"}
 
@@ -61,6 +64,8 @@ def _wrong_shape(kind: str, name: str, doc):
         doc["num_layers"] += 1
     elif name == "adainfer_svm.json":
         doc["coef"] = doc["coef"] + [0.5]
+    elif name == "adainfer_crf.json":
+        doc["unary_b"] = doc["unary_b"] + [0.5]
     elif name == "exit_profile.json":
         doc["exit_counts"] = doc["exit_counts"][:-1]
     elif kind == "baseline":
@@ -166,6 +171,7 @@ def test_the_matrix_covers_every_folder_file_and_fault():
 def test_broken_artifact_is_one_clear_error(tiny, tmp_path, kind, name, fault):
     torch.set_num_threads(1)
     folder, overrides, options = FOLDERS[kind]
+    options = OPTIONS_BY_FILE.get((kind, name), options)
     case = _write_case(tmp_path, kind, name, fault)
     stage, err = "config", None
     try:
