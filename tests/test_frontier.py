@@ -53,6 +53,57 @@ def _policy(dec, kind="specee"):
                   can_exit=list(dec.can_exit))
 
 
+def test_records_taken_together_equal_records_taken_alone(tiny_setup):
+    """A multiple-choice item's requests are recorded in one pass (one LM-head product per layer
+    over all their rows): each record equals the one its request gets alone — the same argmax and
+    speculative sets at every step and layer, scores and log-probabilities to float rounding."""
+    from specee.frontier.record import record_request, record_requests
+    rt, decs, prompts, gens, recs = tiny_setup
+    d = decs["t2"]
+    svm = decs["svm"].svm
+    reqs = []
+    for n, (ids, g) in enumerate(zip(prompts, gens)):  # scored from n tokens before the prompt's end
+        full = torch.cat([ids, torch.tensor([g])], 1)
+        first = ids.shape[1] - 1 - n
+        reqs.append((full[:, :-1], first, full[0, first + 1:].tolist()))
+    together = record_requests(rt, d.draft, {"bank": d.predictors}, d.k, reqs, svm=svm)
+    assert len(together) == len(reqs)
+    for (ids, first, targets), rec in zip(reqs, together):
+        alone = record_request(rt, d.draft, {"bank": d.predictors}, d.k, ids, first, targets, svm=svm)
+        assert rec.steps == alone.steps == ids.shape[1] - first == len(targets)
+        np.testing.assert_array_equal(rec.argmax, alone.argmax)
+        np.testing.assert_array_equal(rec.spec, alone.spec)
+        np.testing.assert_array_equal(rec.exitable, alone.exitable)
+        np.testing.assert_array_equal(rec.targets, alone.targets)
+        np.testing.assert_allclose(rec.scores["bank"], alone.scores["bank"], rtol=1e-4, atol=1e-4, equal_nan=True)
+        np.testing.assert_allclose(rec.logp, alone.logp, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(rec.svm, alone.svm, rtol=1e-4, atol=1e-4)
+
+
+def test_recording_lm_answers_as_dense_lm_eval_does(tiny_setup, tiny):
+    """The recording lm-eval model groups requests by context to record them together; its answers
+    still come back in lm-eval's order and equal the dense decoder's (log-likelihood, greedy)."""
+    from lm_eval.api.instance import Instance
+    from specee.decoding.dense import DenseDecoder
+    from specee.evaluation.lm import SpeceeLM
+    from specee.frontier.tasks import RecordingLM
+    rt, decs, *_ = tiny_setup
+    _, tok = tiny
+    d = decs["t2"]
+    contexts = ["Once upon a time there was a", "The little dog ran to the"]
+    conts = [" girl", " big red ball that", " park.", " house and"]
+    args = [(contexts[n % 2], conts[n % 4]) for n in range(7)]  # two items' choices, interleaved
+    reqs = [Instance("loglikelihood", {}, a, n, ("t", n % 2, 1)) for n, a in enumerate(args)]
+    rec_lm = RecordingLM(rt, tok, {"draft": d.draft, "banks": {"bank": d.predictors}}, d.k)
+    rec_lm.GROUP = 3  # an item's choices split over more than one pass, too
+    got = rec_lm.loglikelihood(reqs, disable_tqdm=True)
+    want = SpeceeLM(DenseDecoder(rt), tok, prefix_reuse=False).loglikelihood(reqs, disable_tqdm=True)
+    assert [g[1] for g in got] == [w[1] for w in want]
+    np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], rtol=1e-4, atol=1e-4)
+    assert len({round(g[0], 3) for g in got}) > 2  # the answers differ: order matters
+    assert set(rec_lm.recorded) == {("t", n % 2, n) for n in range(7)}
+
+
 @pytest.mark.parametrize("which", ["t1", "t2"])
 @pytest.mark.parametrize("threshold", [0.2, 0.5, 0.9])
 def test_replayed_exits_equal_real_exits_until_the_first_exit(tiny_setup, which, threshold):
@@ -214,3 +265,24 @@ def test_frontier_with_a_task_on_tiny(tmp_path):
         for p in pts:
             assert len(p["test"]["delta_ci"]) == 2 and len(p["test"]["flips"]) == p["test"]["n"]
     assert any(v["task"] == "piqa" for v in m["verdicts"])
+
+
+def test_agreement_near_budget_reads_only_the_points_a_budget_can_choose():
+    """The stated tolerance of replay against reality covers the measured points whose replayed
+    disagreement is within the largest calibrated budget; a far, degenerate point does not widen it."""
+    from specee.frontier.pages import agreement_near_budget
+
+    def row(dis, layers_gap, dis_gap, modelled, measured):
+        return {"replay_disagreement": dis, "real_disagreement": dis + dis_gap, "replay_avg_layers": 30.0,
+                "real_avg_layers": 30.0 - layers_gap, "modelled_speedup": modelled, "measured_speedup": measured}
+    m = {"delta": 0.01, "calibration_at": {"0.01": {}, "0.05": {}},
+         "replay_vs_real": {"a": {"points": [row(0.0, 0.1, 0.01, 0.8, 0.8), row(0.04, 0.3, -0.02, 0.9, 1.0)]},
+                            "b": {"points": [row(0.5, 7.0, 0.6, 4.0, 1.0)]}}}
+    near = agreement_near_budget(m)
+    assert near["budget"] == 0.05 and near["points"] == 2
+    assert near["layers"] == pytest.approx(0.3) and near["disagreement"] == pytest.approx(0.02)
+    assert near["speed"] == pytest.approx(0.1)
+    m["calibration_at"] = {"0.01": {}}
+    assert agreement_near_budget(m)["points"] == 1
+    m["replay_vs_real"]["a"]["points"] = []
+    assert agreement_near_budget(m) is None

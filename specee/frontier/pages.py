@@ -36,6 +36,22 @@ def replay_vs_real(curves: dict, measured: dict) -> dict:
     return out
 
 
+def agreement_near_budget(m: dict) -> dict | None:
+    """Replay against reality where a budget is spent: over the measured points whose replay differs
+    from the full stack on at most the largest calibrated budget's share of tokens (the points a
+    calibration can choose), the largest gaps in layers per token, in tokens differing, and between
+    modelled and measured speed (relative). None when no measured point lies there."""
+    budgets = [float(d) for d in m.get("calibration_at", {})] or [float(m["delta"])]
+    limit = max(budgets)
+    rows = [r for a in m["replay_vs_real"].values() for r in a["points"] if r["replay_disagreement"] <= limit]
+    if not rows:
+        return None
+    return {"budget": limit, "points": len(rows),
+            "layers": max(abs(r["replay_avg_layers"] - r["real_avg_layers"]) for r in rows),
+            "disagreement": max(abs(r["replay_disagreement"] - r["real_disagreement"]) for r in rows),
+            "speed": max(abs(r["modelled_speedup"] / r["measured_speedup"] - 1) for r in rows)}
+
+
 def _verdict(cal: dict, measured_pt: dict | None, testable: bool, why: str | None) -> tuple[str, str]:
     if not testable:
         return "not testable", why or ""
@@ -91,6 +107,19 @@ def machine(env: dict) -> str:
             f"{cpu} ({env.get('cpu_count', '?')} cores, {threads} torch threads)")
 
 
+def _speed_axis(ax, label: str) -> None:
+    """Speedups on a log axis (a ratio: 0.5x and 2x equally far from dense), ticks as plain numbers."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    ticks = [t for t in (0.1, 0.125, 0.25, 0.5, 0.8, 1.0, 1.25, 1.5, 2.0, 4.0, 8.0, 16.0) if lo <= t <= hi]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_ylabel(label)
+
+
 def figure(m: dict, path: Path, title: str) -> None:
     """Left: Spec-Bench, speedup against tokens differing. Then one panel per accuracy task: speedup
     against the accuracy lost (points, test half), each policy's replayed points."""
@@ -98,7 +127,7 @@ def figure(m: dict, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     acc_tasks = [t for t, v in m.get("tasks", {}).items() if not v.get("rolling")]
-    fig, axes = plt.subplots(1, 1 + len(acc_tasks), figsize=(7.5 + 4.2 * len(acc_tasks), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, 1 + len(acc_tasks), figsize=(7.5 + 4.2 * len(acc_tasks), 5.6), squeeze=False)
     ax = axes[0][0]
     delta = m["delta"]
     ax.axvspan(0, 100 * delta, color="tab:green", alpha=0.12, label=f"budget ≤ {100 * delta:g} % of tokens")
@@ -123,13 +152,12 @@ def figure(m: dict, path: Path, title: str) -> None:
         lo, hi = p["speedup_ci"]
         ax.errorbar([0], [p["speedup"]], yerr=[[p["speedup"] - lo], [hi - p["speedup"]]], fmt="*", ms=10,
                     capsize=2, label=f"{p['label']} (lossless, measured)")
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    _speed_axis(ax, "decode speedup against dense (×, log scale)")
     ax.set_xlabel("tokens differing from the full stack (%, test prompts)")
-    ax.set_ylabel("decode speedup against dense (×)")
     ax.set_xscale("symlog", linthresh=1.0)
     ax.set_xlim(left=-0.05)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    first = ax
     for ax, tname in zip(axes[0][1:], acc_tasks):
         task = m["tasks"][tname]
         ax.axvspan(0, 100 * delta, color="tab:green", alpha=0.12)
@@ -137,16 +165,17 @@ def figure(m: dict, path: Path, title: str) -> None:
             curve = m["curves"][name]
             ax.plot([-p["test"]["delta"] for p in pts], [c["test"]["modelled_speedup"] for c in curve], marker="o", ms=3,
                     color=colors.get(name), label=m["policies"][name]["label"])
-        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        _speed_axis(ax, "modelled decode speedup (×, log scale)")
         dn = task["dense"]["test"]
         note = "" if task.get("testable") else " — dense at chance"
         ax.set_title(f"{tname}: dense {100 * dn['accuracy']:.1f} % (n={dn['n']}){note}", fontsize=9)
         ax.set_xlabel("accuracy lost against dense (points, test half)")
-        ax.set_ylabel("modelled decode speedup (×)")
         ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=130)
-    fig.savefig(path.with_suffix(".pdf"))
+    # the first panel's legend under the figure: inside the panel it would hide the oracle's curve
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.legend(*first.get_legend_handles_labels(), loc="lower center", ncol=min(6, 2 + len(acc_tasks)), fontsize=7)
+    fig.savefig(path.with_suffix(".png"), dpi=130, bbox_inches="tight")
+    fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
     plt.close(fig)
 
 
@@ -251,6 +280,12 @@ def summary_md(doc: dict) -> str:
     if gaps:
         lines += ["", "Replay against real runs, largest gaps per policy: " + "; ".join(
             f"{n}: {lg:.2f} layers, {100 * dg:.2f} points of tokens differing" for n, lg, dg in gaps) + "."]
+    near = agreement_near_budget(m)
+    if near:
+        lines += ["", f"Where a budget is spent (the {near['points']} measured points replaying at most "
+                      f"{100 * near['budget']:g} % of tokens differing): replay is within {near['layers']:.2f} layers per "
+                      f"token and {100 * near['disagreement']:.2f} points of tokens differing of the real runs, and the "
+                      f"modelled speedup within {100 * near['speed']:.1f} % of the measured one."]
     lines += ["", "## Verdicts", "", "| model | task | policy | claim | verdict | figure | oracle |", "|---|---|---|---|---|---|---|"]
     for v in m["verdicts"]:
         lines.append(f"| {v['model']} | {v['task']} | {v['policy']} | {v['claim']} (δ = {v['delta']:g}) | "
