@@ -3,20 +3,22 @@ an operating point calibrated with a guarantee (Learn-then-Test).
 
     python run.py experiment=frontier model=tiny
 
-1. Prompts (the dataset group) split into a calibration and a test half; dense greedy output for each.
+1. Prompts (the dataset group) split into calibration and test (``experiment.calibration_share``);
+   dense greedy output for each.
 2. One teacher-forced pass per prompt (and per lm-eval request, ``experiment.tasks``) records what
    every policy would see at every layer (specee/frontier/record.py).
 3. Each policy's grid of operating points is replayed from the records (specee/frontier/replay.py):
    layers, token disagreement, sequence identity, task accuracy and bits/byte, and the speedup the
    cost model gives for the replayed work with unit costs measured here.
 4. Per policy, the fastest point whose loss is <= delta with probability >= 1 - epsilon on the
-   calibration half (specee/frontier/calibrate.py), reported on the test half.
+   calibration split (specee/frontier/calibrate.py), reported on the test split.
 5. Real runs, timed beside dense step by step on the test prompts, at several points per policy
    (the calibrated one included), at tree SpecEE's points (not replayable) and for the lossless
    peers: measured speedup with its paired interval, and replay against reality.
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -44,19 +46,22 @@ from specee.prompts import PromptEncoder
 from specee.runtimes import build_runtime
 
 
-def split(prompts: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
-    """Calibration and test halves, seeded, each keeping every category's share."""
+def split(prompts: list[dict], seed: int, share: float = 0.5) -> tuple[list[dict], list[dict]]:
+    """Calibration and test splits, seeded, ``share`` of the prompts in calibration, each split keeping
+    every category's share."""
     rng = random.Random(seed)
     by_cat: dict = {}
     for p in prompts:
         by_cat.setdefault(p["category"], []).append(p)
     calib, test = [], []
-    turn = 0  # alternate across categories too, so one prompt per category still splits evenly
+    # one running count across categories, so even one prompt per category splits at the share; a
+    # prompt goes to calibration when it lifts ceil(share * count) (at 0.5: every other prompt)
+    turn = 0
     for cat in sorted(by_cat):
         ps = by_cat[cat][:]
         rng.shuffle(ps)
         for p in ps:
-            (calib if turn % 2 == 0 else test).append(p)
+            (calib if math.ceil((turn + 1) * share) > math.ceil(turn * share) else test).append(p)
             turn += 1
     return calib, test
 
@@ -186,9 +191,9 @@ def run(cfg) -> dict:
     prompts = [p for p in prompts if p["id"] not in held]
     if dropped:
         print(f"note: {len(dropped)} prompt(s) the predictors were trained on are left out")
-    calib, test = split(prompts, cfg.seed)
+    calib, test = split(prompts, cfg.seed, e.calibration_share)
     if len(calib) < 2 or len(test) < 2:
-        raise SpeceeError(f"experiment=frontier needs at least 4 prompts (2 per half); {len(prompts)} are left "
+        raise SpeceeError(f"experiment=frontier needs at least 4 prompts (2 per split); {len(prompts)} are left "
                           "after the predictors' training prompts: raise experiment.count")
     encode = PromptEncoder.for_runtime(tokenizer, rt, cfg.dataset.max_new_tokens)
     dense = DenseDecoder(rt)

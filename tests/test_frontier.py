@@ -205,6 +205,8 @@ def test_calibration_says_why_no_point_is_certified():
     ("experiment.extra_deltas=[2]", "experiment.extra_deltas has 2.0, which must lie strictly between 0 and 1"),
     ("experiment.tasks=[nope]", "experiment.tasks has 'nope', not a shipped task"),
     ("experiment.policies=[]", "experiment.policies is empty"),
+    ("experiment.calibration_share=1", "experiment.calibration_share=1.0 leaves a split empty"),
+    ("experiment.calibration_share=0.0", "experiment.calibration_share=0.0 leaves a split empty"),
 ])
 def test_bad_budget_or_grid_is_one_line(over, says, tmp_path):
     res = run_cli("experiment=frontier", over, f"hydra.run.dir={tmp_path / 'run'}")
@@ -212,6 +214,24 @@ def test_bad_budget_or_grid_is_one_line(over, says, tmp_path):
     assert says in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("share", [0.5, 0.75, 0.3])
+def test_the_split_keeps_its_share_overall_and_per_category(share):
+    """Disjoint, seeded, ``share`` of the prompts in calibration (to one prompt), each category split
+    at the same share; at 0.5 every other prompt, as the committed reports were split."""
+    from experiments.frontier import split
+    cats = {"a": 80, "b": 80, "c": 10, "d": 10, "e": 1}
+    prompts = [{"id": f"{c}{i}", "category": c} for c, n in cats.items() for i in range(n)]
+    calib, test = split(prompts, 0, share)
+    ids_c, ids_t = [p["id"] for p in calib], [p["id"] for p in test]
+    assert not set(ids_c) & set(ids_t) and len(ids_c) + len(ids_t) == len(prompts)
+    assert abs(len(calib) - share * len(prompts)) <= 1
+    for c, n in cats.items():
+        assert abs(sum(p["category"] == c for p in calib) - share * n) <= 1
+    assert split(prompts, 0, share) == (calib, test) and split(prompts, 1, share) != (calib, test)
+    if share == 0.5:
+        assert len(calib) == len(test) + 1  # 181 prompts, the first to calibration
 
 
 MINIMAL = ["experiment=frontier", "model=tiny", "experiment.count=1", "experiment.max_new_tokens=6",

@@ -61,7 +61,8 @@ LIMITS: dict[type, dict[str, tuple]] = {
     FrontierExperiment: {"delta": (0.0, 1.0), "epsilon": (0.0, 1.0), "measured_points": (0, 100),
                          "timed_prompts": (2, INT_MAX), "count": (1, INT_MAX), "max_new_tokens": (1, INT_MAX), "task_limit": (2, INT_MAX), "document_limit": (2, INT_MAX), "cost_rounds": (3, 10_000),
                          "real_only_grid": (0.0, 1.0), "threshold_grid": (0.0, 1.0), "precision_grid": (0.0, 1.0),
-                         "p_stop_grid": (0.0, 1.0), "oracle_budgets": (0.0, 1.0), "extra_deltas": (0.0, 1.0)},
+                         "p_stop_grid": (0.0, 1.0), "oracle_budgets": (0.0, 1.0), "extra_deltas": (0.0, 1.0),
+                         "calibration_share": (0.0, 1.0)},
     Config: {"threads": (1, INT_MAX)},
 }
 

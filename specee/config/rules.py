@@ -76,6 +76,9 @@ def check_frontier(e) -> None:
     check_budget(e.delta, e.epsilon)
     for d in e.extra_deltas:
         check_budget(d, e.epsilon, f"experiment.extra_deltas has {d}, which")
+    if not 0.0 < e.calibration_share < 1.0:
+        raise SpeceeError(f"experiment.calibration_share={e.calibration_share} leaves a split empty; give a share "
+                          "strictly between 0 and 1 (e.g. experiment.calibration_share=0.5)")
     for key in ("threshold_grid", "precision_grid", "margin_grid", "p_stop_grid", "real_only_grid", "oracle_budgets"):
         if key != "real_only_grid" and len(e[key]) < 2 or key == "real_only_grid" and e.real_only and not e[key]:
             raise SpeceeError(f"experiment.{key} has {len(e[key])} point(s); a frontier needs at least two "

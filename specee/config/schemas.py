@@ -465,7 +465,7 @@ class AccuracyExperiment:
 class FrontierExperiment:
     """Speed at a loss budget (experiments/frontier.py): each exit policy's speed–quality frontier,
     the oracle's, and per policy the fastest point whose loss is <= delta with probability >= 1 - epsilon
-    (Learn-then-Test on a calibration half, reported on the test half). Prompts from the dataset group."""
+    (Learn-then-Test on a calibration split, reported on the held-out test split). Prompts from the dataset group."""
     facts: ClassVar[Recipe] = Recipe(loads_model=True, needs_draft=True, needs_bank=True, reuses_finished=True,
                                      reads_prompts=True, context_budgets=("experiment.max_new_tokens",))
     _target_: str = "experiments.frontier.run"
@@ -487,6 +487,9 @@ class FrontierExperiment:
     oracle_budgets: list[float] = field(default_factory=lambda: [0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2])
     delta: float = 0.01  # the loss budget: the paper's 1 % (tokens differing; accuracy points / 100)
     epsilon: float = 0.05  # the guarantee holds with probability >= 1 - epsilon
+    # the share of prompts (and of each task's items) in the calibration split, the rest held out: the
+    # paper's 1 % needs >= 299 calibration units, so a larger share makes it decidable from fewer prompts
+    calibration_share: float = 0.5
     # further budgets calibrated beside delta (reported, no verdict): what the data can certify where
     # delta needs more calibration units than it has (a loss of 0 at 1 % needs 299 at epsilon 0.05)
     extra_deltas: list[float] = field(default_factory=lambda: [0.05])

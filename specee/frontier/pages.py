@@ -122,7 +122,7 @@ def _speed_axis(ax, label: str) -> None:
 
 def figure(m: dict, path: Path, title: str) -> None:
     """Left: Spec-Bench, speedup against tokens differing. Then one panel per accuracy task: speedup
-    against the accuracy lost (points, test half), each policy's replayed points."""
+    against the accuracy lost (points, test split), each policy's replayed points."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -169,7 +169,7 @@ def figure(m: dict, path: Path, title: str) -> None:
         dn = task["dense"]["test"]
         note = "" if task.get("testable") else " — dense at chance"
         ax.set_title(f"{tname}: dense {100 * dn['accuracy']:.1f} % (n={dn['n']}){note}", fontsize=9)
-        ax.set_xlabel("accuracy lost against dense (points, test half)")
+        ax.set_xlabel("accuracy lost against dense (points, test split)")
         ax.legend(fontsize=7, loc="best")
     # the first panel's legend under the figure: inside the panel it would hide the oracle's curve
     fig.tight_layout(rect=(0, 0.14, 1, 1))
@@ -224,9 +224,9 @@ def summary_md(doc: dict) -> str:
         lines += [f"### {tname}", ""]
         dn = task["dense"]["test"]
         if task.get("rolling"):
-            lines.append(f"Dense bits/byte {dn['bits_per_byte']:.3f} (test half, {dn['n']} documents).")
+            lines.append(f"Dense bits/byte {dn['bits_per_byte']:.3f} (test split, {dn['n']} documents).")
         else:
-            lines.append(f"Dense {100 * dn['accuracy']:.1f} % (test half, {dn['n']} items); chance "
+            lines.append(f"Dense {100 * dn['accuracy']:.1f} % (test split, {dn['n']} items); chance "
                          f"{100 * (task.get('chance') or 0):.1f} %; " + ("testable." if task.get("testable") else
                                                                       f"not testable: {task.get('why_not_testable')}."))
             for dd, cals in (task.get("calibration_at") or {}).items():
@@ -318,6 +318,6 @@ def verdict_table_rows(docs) -> list[dict]:
                          "task": v["task"], "protocol": f"frontier (LTT, 1 − ε = {1 - v['epsilon']:g})",
                          "mode": v["policy"], "bank": "trained", "bank_source": None, "figure": v["figure"] or "–",
                          "verdict": v["verdict"], "why": f"oracle: {v['oracle']}" if v.get("oracle") else None,
-                         "rule": "the fastest point certified ≤ δ on the calibration half (Learn-then-Test), its "
+                         "rule": "the fastest point certified ≤ δ on the calibration split (Learn-then-Test), its "
                                  "held-out loss ≤ δ and its measured speedup's 95 % CI against 1"})
     return rows

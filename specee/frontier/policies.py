@@ -3,7 +3,7 @@
 Each policy is an ablation (``conf/ablation/<name>.yaml``) composed as a job with that ablation
 would be, so its bank, schedule, classifier and settings are the ones its speed and accuracy jobs
 use; only its knob moves: SpecEE's global threshold, the tuned bank's target precision (per-layer
-thresholds chosen on the calibration half), AdaInfer's SVM margin and CRF P(stop) level.
+thresholds chosen on the calibration split), AdaInfer's SVM margin and CRF P(stop) level.
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
 
 def set_operating_point(decoder, policy: Policy, value: float, thresholds) -> None:
     """Put a real decoder at a replayed point: its knob ``value``, or for a target precision the
-    per-layer logit ``thresholds`` the replay chose on the calibration half."""
+    per-layer logit ``thresholds`` the replay chose on the calibration split."""
     if policy.kind == "specee" and policy.per_layer:
         thr = np.asarray(thresholds, dtype=np.float64)
         decoder.predictors.set_layer_thresholds([float(1 / (1 + math.exp(-t))) if math.isfinite(t)

@@ -117,7 +117,7 @@ def record_tasks(cfg, rt, tokenizer, parts: dict, out) -> dict:
         ids = sorted(i["doc_id"] for i in items)
         rng = random.Random(cfg.seed)
         rng.shuffle(ids)
-        calib = set(ids[: len(ids) // 2])
+        calib = set(ids[: int(len(ids) * e.calibration_share)])
         rolling = lower
         task = {"name": name, "primary": primary, "lower_is_better": lower, "task": objs[name],
                 "items": items, "calibration_ids": calib, "n": len(items), "rolling": rolling}
