@@ -109,11 +109,19 @@ def calibrate_policy(rows: list[dict], delta: float, epsilon: float, bound: str,
            "units_needed_at_zero_loss": calibrate.min_units(delta, epsilon, bound),
            "p_values": lt["p_values"], "certified_points": lt["certified"], "chosen": None}
     if not lt["certified"]:
+        first = losses[0] if losses else np.zeros(0)
+        # the most conservative point's loss, both ways: a lower bound above delta says no point of
+        # this policy keeps the budget; below it, more calibration units could still certify one
+        out.update({"first_point_loss": float(first.mean()) if len(first) else None,
+                    "first_point_upper": calibrate.upper_bound(first, epsilon, bound),
+                    "first_point_lower": calibrate.lower_bound(first, epsilon, bound)})
         out["why_none"] = (f"no point certified: the first point's loss bound is not below {delta:g} "
                            f"with {n} calibration units (certifying a loss of 0 needs "
                            f"{out['units_needed_at_zero_loss']})" if n < out["units_needed_at_zero_loss"] else
-                           f"no point certified: the most conservative point's calibration loss is above "
-                           f"{delta:g} at confidence {1 - epsilon:g}")
+                           f"no point certified: the most conservative point's calibration loss "
+                           f"{out['first_point_loss']:.4f} has a {1 - epsilon:g} bound of "
+                           f"[{out['first_point_lower']:.4f}, {out['first_point_upper']:.4f}], "
+                           f"{'all above' if out['first_point_lower'] > delta else 'not all below'} {delta:g}")
         return out
     best = max(range(lt["certified"]), key=lambda j: rows[j]["calibration"]["modelled_speedup"])
     r = rows[best]

@@ -183,6 +183,51 @@ def test_learn_then_test_keeps_its_guarantee_where_the_truth_is_known(bound):
     assert naive_bad / seeds > 2 * eps
 
 
+def test_the_binomial_lower_bound_is_clopper_pearsons():
+    """On binary losses the lower bound is the exact (Clopper-Pearson) one."""
+    from scipy.stats import beta
+    for k in (1, 15, 90, 299):
+        losses = np.r_[np.ones(k), np.zeros(300 - k)]
+        assert calibrate.lower_bound(losses, 0.05, "binomial") == pytest.approx(beta.ppf(0.05, k, 300 - k + 1), abs=1e-6)
+    assert calibrate.lower_bound(np.zeros(300), 0.05, "binomial") == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_bounded_lower_bound_keeps_its_confidence_where_the_truth_is_known():
+    """Hoeffding-Bentkus on losses in [0, 1]: over many seeds the (1 - epsilon) lower bound exceeds the
+    true loss in at most an epsilon share of them, and it is not vacuous: well above 0.1 it clears 0.1."""
+    rng = np.random.default_rng(1)
+    eps, n, seeds = 0.1, 300, 300
+    for true in (0.005, 0.05, 0.3):
+        above = cleared = 0
+        for _ in range(seeds):
+            losses = rng.binomial(10, true, n) / 10
+            lb = calibrate.lower_bound(losses, eps, "hoeffding_bentkus")
+            assert lb <= losses.mean() + 1e-9
+            above += lb > true
+            cleared += lb > 0.1
+        assert above / seeds <= eps
+        if true == 0.3:
+            assert cleared / seeds > 0.95
+
+
+@pytest.mark.parametrize("loss, verdict", [(0.002, "inconclusive"), (0.05, "refuted")])
+def test_an_uncertified_policy_is_refuted_only_when_its_loss_is_certainly_over_budget(loss, verdict):
+    """With enough units and no point certified: a loss that is small but not certifiable from this
+    many units leaves the claim open; a loss whose lower bound clears the budget refutes it."""
+    from importlib import import_module
+    from specee.frontier.pages import _verdict
+    frontier = import_module("experiments.frontier")
+    rng = np.random.default_rng(2)
+    calib = (rng.random(400) < 4 * loss).astype(float) / 4  # a quarter of a unit's tokens, at 4 x loss
+    rows = [{"value": v, "calibration": {"per_request_loss": list(calib), "modelled_speedup": 1.0},
+             "test": {"per_request_loss": [0.0] * 40, "modelled_speedup": 1.0, "avg_layers": 30.0}}
+            for v in (0.9, 0.5)]
+    cal = frontier.calibrate_policy(rows, 0.01, 0.05, "hoeffding_bentkus", lambda r, h: r[h]["per_request_loss"])
+    assert cal["chosen"] is None and cal["calibration_units"] >= cal["units_needed_at_zero_loss"]
+    assert cal["first_point_lower"] <= cal["first_point_loss"] <= cal["first_point_upper"]
+    assert _verdict(cal, None, True, None)[0] == verdict
+
+
 def test_calibration_says_why_no_point_is_certified():
     from importlib import import_module
     frontier = import_module("experiments.frontier")

@@ -102,3 +102,10 @@ def upper_bound(losses, epsilon: float, bound: str) -> float:
         else:
             lo = mid
     return hi
+
+
+def lower_bound(losses, epsilon: float, bound: str) -> float:
+    """The (1 - epsilon) lower confidence bound on the expected loss: the upper bound on 1 - loss,
+    also in [0, 1] (and binary where the loss is), turned round."""
+    losses = np.asarray(losses, dtype=np.float64)
+    return 1.0 - upper_bound(1.0 - losses, epsilon, bound) if len(losses) else 0.0

@@ -58,7 +58,9 @@ def _verdict(cal: dict, measured_pt: dict | None, testable: bool, why: str | Non
     if cal.get("chosen") is None:
         if cal.get("calibration_units", 0) < cal.get("units_needed_at_zero_loss", 0):
             return "inconclusive", cal.get("why_none", "")
-        return "refuted", cal.get("why_none", "") + "; no operating point keeps the loss within the budget"
+        if cal.get("first_point_lower", 1.0) > cal["delta"]:
+            return "refuted", cal.get("why_none", "") + ": even the most conservative point loses more than the budget"
+        return "inconclusive", cal.get("why_none", "") + ": more calibration units could certify it"
     if measured_pt is None:
         s = cal["modelled_speedup"]
         return ("inconclusive", f"calibrated point modelled at {s:.3f}x, not measured")
