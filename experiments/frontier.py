@@ -10,11 +10,17 @@ an operating point calibrated with a guarantee (Learn-then-Test).
 3. Each policy's grid of operating points is replayed from the records (specee/frontier/replay.py):
    layers, token disagreement, sequence identity, task accuracy and bits/byte, and the speedup the
    cost model gives for the replayed work with unit costs measured here.
-4. Per policy, the fastest point whose loss is <= delta with probability >= 1 - epsilon on the
-   calibration split (specee/frontier/calibrate.py), reported on the test split.
-5. Real runs, timed beside dense step by step on the test prompts, at several points per policy
-   (the calibrated one included), at tree SpecEE's points (not replayable) and for the lossless
-   peers: measured speedup with its paired interval, and replay against reality.
+4. Per policy, the fastest point whose *real decoder's* loss is <= delta with probability
+   >= 1 - epsilon (Learn-then-Test on real runs over the calibration prompts, each point under each
+   K/V policy, conservative first, stopping at the first point not certified:
+   specee/frontier/certify.py); its real loss on the held-out test prompts. A fitted policy (the
+   tuned bank) is fitted on its own share of the calibration prompts, which its test never sees.
+5. Real runs, timed beside dense step by step on a stratified sample of the test prompts, at several
+   points per policy (the certified one included), at tree SpecEE's points (not replayable) and for
+   the lossless peers: measured speedup with its paired interval, and replay against reality.
+6. The verdict per policy (specee/frontier/pages.py): confirmed (certified, measured faster),
+   refuted (every point whose speed could reach 1x loses more than delta, jointly bounded), else
+   inconclusive, saying which side is short.
 """
 from __future__ import annotations
 
@@ -29,12 +35,11 @@ from tqdm import tqdm
 from specee import ablations, results
 from specee.bench import cost_model as cm
 from specee.bench.inputs import generation_eos, load_prompts
-from specee.bench.oracle import own_oracle
 from specee.bench.speed import match_rate, paired_speedup_ci, time_sides
 from specee.decoding import build_decoder, modes
 from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError
-from specee.frontier import calibrate, pages
+from specee.frontier import calibrate, certify, pages
 from specee.frontier.policies import build_policies, policy_config, set_operating_point
 from specee.frontier.record import record_generation
 from specee.frontier.replay import (as_generations, generation_metrics, layer_thresholds, oracle_exits,
@@ -66,14 +71,46 @@ def split(prompts: list[dict], seed: int, share: float = 0.5) -> tuple[list[dict
     return calib, test
 
 
+def stratified_sample(prompts: list[dict], k: int, seed: int) -> list[dict]:
+    """A seeded sample of ``k`` prompts (at least one per category) taken round-robin over the
+    categories in a seeded order, each category's prompts shuffled: every category is timed, none
+    twice before each has been once."""
+    rng = random.Random(seed + 1)
+    by_cat: dict = {}
+    for p in prompts:
+        by_cat.setdefault(p["category"], []).append(p)
+    cats = sorted(by_cat)
+    rng.shuffle(cats)
+    for c in cats:
+        rng.shuffle(by_cat[c])
+    k = min(max(k, len(cats)), len(prompts))
+    out, depth = [], 0
+    while len(out) < k:
+        for c in cats:
+            if depth < len(by_cat[c]) and len(out) < k:
+                out.append(by_cat[c][depth])
+        depth += 1
+    return out
+
+
+def fit_split(units: list, share: float, seed: int) -> tuple[set, set]:
+    """The ids a fitted policy is fitted on and the ids its Learn-then-Test uses: disjoint, seeded,
+    ``share`` of the calibration prompts (at least one) for fitting."""
+    ids = sorted(u.id for u in units)
+    random.Random(seed + 2).shuffle(ids)
+    n_fit = min(max(1, round(share * len(ids))), len(ids) - 1)
+    return set(ids[:n_fit]), set(ids[n_fit:])
+
+
 def modelled(counts_fn, gens, dense_counts, units) -> dict:
     m = cm.modelled_speedup(counts_fn(gens), dense_counts, units)
     return {"modelled_speedup": m["value"], "modelled_band": m["band"]}
 
 
-def evaluate_point(policy, value, calib_recs, test_recs, units, dense_counts, L) -> dict:
-    """One operating point replayed on both halves."""
-    thr = layer_thresholds(policy, value, calib_recs) if policy.kind == "specee" else value
+def evaluate_point(policy, value, fit_recs, calib_recs, test_recs, units, dense_counts, L, n_new) -> dict:
+    """One operating point replayed on both halves. A fitted policy's thresholds come from
+    ``fit_recs`` only; ``calib_recs`` are the units its calibration reads (never the fitted ones)."""
+    thr = layer_thresholds(policy, value, fit_recs) if policy.kind == "specee" else value
     row = {"policy": policy.name, "label": policy.label, "knob": policy.knob, "value": value}
     mode = policy.mode
     for half, recs in (("calibration", calib_recs), ("test", test_recs)):
@@ -81,6 +118,7 @@ def evaluate_point(policy, value, calib_recs, test_recs, units, dense_counts, L)
         g = generation_metrics(recs, ex)
         gens = as_generations(ex, policy.kind)
         row[half] = {**{k: v for k, v in g.items()},
+                     "first_exit_wrong": [certify.first_exit_wrong(r, x) for r, x in zip(recs, ex)],
                      **modelled(lambda gs: cm.count_work(gs, L, mode), gens, dense_counts, units)}
     row["thresholds"] = thr.tolist() if hasattr(thr, "tolist") else thr
     return row
@@ -101,64 +139,130 @@ def oracle_curve(test_recs, budgets, units, dense_counts, L) -> list[dict]:
 
 
 def calibrate_policy(rows: list[dict], delta: float, epsilon: float, bound: str, loss_of) -> dict:
-    """LTT over a policy's grid (ordered conservative -> fast); the fastest certified point."""
+    """LTT over a policy's grid (ordered conservative -> fast) on *replayed* losses: the screen that
+    says where to look (and a task's item flips), not the guarantee on real decoding."""
     losses = [np.asarray(loss_of(r, "calibration")) for r in rows]
     lt = calibrate.fixed_sequence(losses, delta, epsilon, bound)
     n = len(losses[0]) if losses else 0
-    out = {"delta": delta, "epsilon": epsilon, "bound": bound, "calibration_units": n,
+    out = {"delta": delta, "epsilon": epsilon, "bound": bound, "calibration_units": n, "on": "replay",
            "units_needed_at_zero_loss": calibrate.min_units(delta, epsilon, bound),
            "p_values": lt["p_values"], "certified_points": lt["certified"], "chosen": None}
     if not lt["certified"]:
         first = losses[0] if losses else np.zeros(0)
-        # the most conservative point's loss, both ways: a lower bound above delta says no point of
-        # this policy keeps the budget; below it, more calibration units could still certify one
-        out.update({"first_point_loss": float(first.mean()) if len(first) else None,
-                    "first_point_upper": calibrate.upper_bound(first, epsilon, bound),
-                    "first_point_lower": calibrate.lower_bound(first, epsilon, bound)})
-        out["why_none"] = (f"no point certified: the first point's loss bound is not below {delta:g} "
-                           f"with {n} calibration units (certifying a loss of 0 needs "
-                           f"{out['units_needed_at_zero_loss']})" if n < out["units_needed_at_zero_loss"] else
-                           f"no point certified: the most conservative point's calibration loss "
-                           f"{out['first_point_loss']:.4f} has a {1 - epsilon:g} bound of "
-                           f"[{out['first_point_lower']:.4f}, {out['first_point_upper']:.4f}], "
-                           f"{'all above' if out['first_point_lower'] > delta else 'not all below'} {delta:g}")
+        out.update({"first_point_loss": float(first.mean()) if len(first) else None})
+        out["why_none"] = (f"no point passes: {n} calibration units, and a loss of 0 needs "
+                           f"{out['units_needed_at_zero_loss']}" if n < out["units_needed_at_zero_loss"] else
+                           f"no point passes: the most conservative point's replayed loss is "
+                           f"{out['first_point_loss']:.4f} (p = {lt['p_values'][0]:.3g} > {epsilon:g})")
         return out
     best = max(range(lt["certified"]), key=lambda j: rows[j]["calibration"]["modelled_speedup"])
     r = rows[best]
-    test_loss = float(np.mean(loss_of(r, "test")))
+    test = np.asarray(loss_of(r, "test"), dtype=np.float64)
+    lo, hi = calibrate.interval(test, epsilon, bound)
     out.update({"chosen": best, "value": r["value"],
                 "calibration_loss": float(np.mean(losses[best])),
                 "calibration_bound": calibrate.upper_bound(losses[best], epsilon, bound),
-                "test_loss": test_loss, "guarantee_held": bool(test_loss <= delta),
+                "test_loss": float(test.mean()), "test_interval": [lo, hi],
+                "held_out_within_budget": bool(test.mean() <= delta),
                 "modelled_speedup": r["test"]["modelled_speedup"], "avg_layers": r["test"]["avg_layers"]})
     return out
 
 
-def timed(rt, dense, decoder, prompts_ids, n_new, eos, seed) -> dict:
-    """The decoder beside dense, step by step in turn on every test prompt: measured speedup with
-    its paired interval, real layers, sequence identity and token disagreement at its own context."""
-    rows, gens, dgens = [], [], []
-    for slot, (pid, ids) in enumerate(prompts_ids):
-        out = time_sides({"dense": dense, "mode": decoder}, ids, n_new, eos, "step", slot, seed)
+def certify_real(pol, decoder, rt, curve: list[dict], kv_order: list[str], calib_units: list, test_units: list,
+                 n_new: int, eos, delta: float, epsilon: float) -> dict:
+    """Learn-then-Test on the real decoder (specee/frontier/certify.py): hypotheses (point, K/V
+    policy), the grid's order, the configured K/V policy first at each point. The chosen hypothesis is
+    the certified one with the highest modelled speedup (the configured K/V policy on a tie: it does
+    less work); its real loss is then measured on every held-out test prompt."""
+    cache: dict = {}
+
+    def run_unit_of(units):
+        def run_unit(h, u):
+            j, kv = h
+            key = (id(units), j, kv, u)
+            if key not in cache:
+                # a run with no exit fills no skipped K/V: its result is the same under any K/V policy
+                same = next((cache[k] for k in ((id(units), j, o, u) for o in kv_order) if k in cache
+                             and not cache[k]["exited"]), None)
+                if same is None:
+                    set_operating_point(decoder, pol, curve[j]["value"], curve[j]["thresholds"], kv)
+                    g = decoder.generate(units[u].ids, n_new, eos)
+                    same = certify.own_context_loss(rt, units[u], g.tokens, g.layers_run)
+                cache[key] = same
+            return cache[key]
+        return run_unit
+
+    hyps = [(j, kv) for j in range(len(curve)) for kv in kv_order]
+    bar = tqdm(desc=f"certify {pol.name} on real runs", unit="prompt", leave=False)
+    lt = certify.certify_sequence(hyps, len(calib_units), run_unit_of(calib_units), delta, epsilon,
+                                  progress=lambda: bar.update(1))
+    bar.close()
+    out = {k: v for k, v in lt.items() if k != "tested"}
+    out.update({"on": "real decoding", "kv_policies": list(kv_order), "chosen": None,
+                "tested": [{"index": t["hypothesis"][0], "value": curve[t["hypothesis"][0]]["value"],
+                            "kv_policy": t["hypothesis"][1], **{k: v for k, v in t.items() if k != "hypothesis"}}
+                           for t in lt["tested"]]})
+    certified = out["tested"][: lt["certified"]]
+    if not certified:
+        if lt["calibration_units"] < lt["units_needed_at_zero_loss"]:
+            out["why_none"] = (f"no point certified: {lt['calibration_units']} calibration prompts, and a loss of 0 "
+                               f"needs {lt['units_needed_at_zero_loss']}")
+        else:
+            t = out["tested"][0]
+            out["why_none"] = (f"no point certified: the most conservative point ({pol.knob} = {t['value']:g}, "
+                               f"{t['kv_policy']}) lost {t['loss']:.4f} on real runs over the first {t['units_run']} "
+                               f"calibration prompts, past what {delta:g} allows")
+        return out
+    best = max(certified, key=lambda t: (curve[t["index"]]["calibration"]["modelled_speedup"],
+                                          -kv_order.index(t["kv_policy"])))
+    run_test = run_unit_of(test_units)
+    held = [run_test((best["index"], best["kv_policy"]), u) for u in range(len(test_units))]
+    losses = np.asarray([h["loss"] for h in held])
+    lo, hi = calibrate.interval(losses, epsilon, "hoeffding_bentkus")
+    out.update({"chosen": best["index"], "value": best["value"], "kv_policy": best["kv_policy"],
+                "calibration_loss": best["loss"], "p_value": best["p_value"],
+                "test_loss": float(losses.mean()), "test_interval": [lo, hi], "test_units": len(held),
+                "test_sequence_identity": float(np.mean([h["identical"] for h in held])),
+                "held_out_within_budget": bool(losses.mean() <= delta),
+                "modelled_speedup": curve[best["index"]]["test"]["modelled_speedup"],
+                "avg_layers": sum(h["layers"] for h in held) / max(sum(h["steps"] for h in held), 1)})
+    return out
+
+
+def refute_policy(curve: list[dict], measured: list[dict], delta: float, epsilon: float, n_new: int) -> dict:
+    """The sound refutation (specee/frontier/certify.py): a point is fast when its speed could reach
+    1x — the upper end of its modelled band (under ``holes``, which does less work than ``propagate``, so
+    it bounds both) or of its measured interval."""
+    meas = {p["index"]: p for p in measured}
+    pts = [{"index": j, "value": r["value"],
+            "fast": bool(max(r["calibration"]["modelled_band"][1], r["test"]["modelled_band"][1]) >= 1.0
+                         or (j in meas and meas[j]["speedup_ci"][1] >= 1.0)),
+            "first_exit_wrong": r["calibration"]["first_exit_wrong"]} for j, r in enumerate(curve)]
+    return certify.refutation(pts, delta, epsilon, n_new)
+
+
+def timed(rt, dense, decoder, units: list, n_new, eos, seed) -> dict:
+    """The decoder beside dense, step by step in turn on every timed prompt: measured speedup with
+    its paired interval, real layers, sequence identity and the loss at its own context (the mean
+    over prompts of the share of tokens the full stack would not emit there)."""
+    rows, gens, dgens, losses = [], [], [], []
+    for slot, u in enumerate(units):
+        out = time_sides({"dense": dense, "mode": decoder}, u.ids, n_new, eos, "step", slot, seed)
         g, d = out["mode"], out["dense"]
         gens.append(g)
         dgens.append(d)
-        rows.append({"id": pid, "tokens": len(g.tokens), "decode_s": g.decode_s,
+        rows.append({"id": u.id, "tokens": len(g.tokens), "decode_s": g.decode_s,
                      "dense_tokens": len(d.tokens), "dense_decode_s": d.decode_s})
+        losses.append(certify.own_context_loss(rt, certify.Unit(u.id, u.ids, d.tokens), g.tokens, g.layers_run)["loss"])
     tok = sum(len(g.tokens) - 1 for g in gens)
     dtok = sum(len(d.tokens) - 1 for d in dgens)
     speed = (tok / sum(g.decode_s for g in gens)) / (dtok / sum(d.decode_s for d in dgens))
     layers = [x for g in gens for x in g.layers_run[1:]]
-    wrong = total = 0
-    for (pid, ids), g in zip(prompts_ids, gens):  # own context: the full stack's token there
-        _, differs = own_oracle(rt, ids, g.tokens)
-        wrong += sum(differs)
-        total += len(differs)
     return {"speedup": speed, "speedup_ci": paired_speedup_ci(rows, seed=seed),
             "avg_layers": sum(layers) / max(len(layers), 1),
             "sequence_identity": sum(g.tokens == d.tokens for g, d in zip(gens, dgens)) / max(len(gens), 1),
             "token_match_vs_dense": match_rate([d.tokens for d in dgens], [g.tokens for g in gens]),
-            "own_context_disagreement": wrong / max(total, 1)}
+            "own_context_disagreement": float(np.mean(losses)) if losses else 0.0}
 
 
 def measured_indices(n: int, k: int, chosen: set) -> list[int]:
@@ -186,6 +290,11 @@ def run(cfg) -> dict:
         print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
         pages.write_report(done, project_path(e.report_dir or f"reports/frontier_{cfg.model.name}"))
         return done["metrics"]
+    if not e.kv_policies:
+        raise SpeceeError("experiment.kv_policies is empty: name at least one, e.g. experiment.kv_policies=[holes]")
+    if e.max_new_tokens < 2:
+        raise SpeceeError("experiment.max_new_tokens must be at least 2 (the first token comes from the prefill, "
+                          "which never exits): e.g. experiment.max_new_tokens=32")
     t_start = time.perf_counter()
     prompts = load_prompts(cfg)
     torch.manual_seed(cfg.seed)
@@ -208,66 +317,96 @@ def run(cfg) -> dict:
     n_new = cfg.dataset.max_new_tokens
 
     def recs_of(ps, desc):
-        out_recs = []
+        recs, units = [], []
         for p in tqdm(ps, desc=desc):
             ids = encode(p["text"], p["id"])
             gen = dense.generate(ids, n_new, eos)
             r = record_generation(rt, parts["draft"], parts["banks"], cfg.early_exit.k, ids, gen.tokens,
                                   parts.get("svm"), parts.get("crf"))
             if r is not None:
-                out_recs.append(r)
-        return out_recs
+                recs.append(r)
+                units.append(certify.Unit(p["id"], ids, gen.tokens, p["category"]))
+        return recs, units
 
     t0 = time.perf_counter()
-    calib_recs, test_recs = recs_of(calib, "record calibration"), recs_of(test, "record test")
+    calib_recs, calib_units = recs_of(calib, "record calibration")
+    test_recs, test_units = recs_of(test, "record test")
     record_s = time.perf_counter() - t0
-    ids0 = encode(test[0]["text"], test[0]["id"])
+    # a fitted policy is fitted on its own share of the calibration prompts and tested on the rest
+    fitted = any(p.per_layer for p in policies)
+    fit_ids, ltt_ids = fit_split(calib_units, e.fit_share, cfg.seed) if fitted else (set(), {u.id for u in calib_units})
+    fit_recs = [r for r, u in zip(calib_recs, calib_units) if u.id in fit_ids]
+    ltt_of = {True: [i for i, u in enumerate(calib_units) if u.id in ltt_ids], False: list(range(len(calib_units)))}
+    units_of = {p.name: [calib_units[i].id for i in ltt_of[p.per_layer]] for p in policies}
     print("measuring unit costs (interleaved rounds)")
-    units = cm.measure_unit_costs(rt, parts["unit_decoder"], dense, ids0, n_new, rounds=e.cost_rounds)
+    units = cm.measure_unit_costs(rt, parts["unit_decoder"], dense, test_units[0].ids, n_new, rounds=e.cost_rounds)
     if parts.get("ada_decoder") is not None:
-        ada = cm.measure_unit_costs(rt, parts["ada_decoder"], dense, ids0, n_new, rounds=e.cost_rounds)
+        ada = cm.measure_unit_costs(rt, parts["ada_decoder"], dense, test_units[0].ids, n_new, rounds=e.cost_rounds)
         units["samples_us"]["adainfer_probe"] = ada["samples_us"]["adainfer_probe"]
     dense_counts = cm.count_work([type("G", (), {"tokens": [0] * (n_new + 1), "trace": []})()], L,
                                  modes.reference().name)
 
     curves = {}
     for pol in tqdm(policies, desc="replay policies"):
-        curves[pol.name] = [evaluate_point(pol, v, calib_recs, test_recs, units, dense_counts, L) for v in pol.grid]
+        cr = [calib_recs[i] for i in ltt_of[pol.per_layer]]
+        curves[pol.name] = [evaluate_point(pol, v, fit_recs, cr, test_recs, units, dense_counts, L, n_new)
+                            for v in pol.grid]
     oracle = oracle_curve(test_recs, list(e.oracle_budgets), units, dense_counts, L)
 
+    # the replay screen at every budget (no guarantee on real decoding), the real certification at delta
     gen_loss = lambda r, half: r[half]["per_request_loss"]  # noqa: E731
     deltas = [e.delta] + [d for d in e.extra_deltas if d != e.delta]
-    calibration_at = {str(d): {name: calibrate_policy(rows, d, e.epsilon, "hoeffding_bentkus", gen_loss)
-                               for name, rows in curves.items()} for d in deltas}
-    calibration = calibration_at[str(e.delta)]
+    screen_at = {str(d): {name: calibrate_policy(rows, d, e.epsilon, "hoeffding_bentkus", gen_loss)
+                          for name, rows in curves.items()} for d in deltas}
+    dense_ms = units["median_us"].get("dense_step", 0.0) / 1000
+    worst = sum(len(ltt_of[p.per_layer]) for p in policies) * n_new
+    print(f"certifying on real runs: at most {len(policies)} policies x their tested points x {len(e.kv_policies)} K/V "
+          f"policies; each certified point decodes its calibration prompts once ({worst} tokens over all policies"
+          f", about {worst * dense_ms / 1000 / 60:.1f} min at dense speed; a point that cannot pass stops early)")
+    calibration, decoders = {}, {}
+    for pol in policies:
+        pcfg = policy_config(cfg, pol.name)
+        decoders[pol.name] = dec = build_decoder(pcfg, rt)
+        kv_order = sorted(e.kv_policies, key=lambda k: k != pcfg.early_exit.kv_policy)
+        calibration[pol.name] = certify_real(pol, dec, rt, curves[pol.name], kv_order,
+                                             [calib_units[i] for i in ltt_of[pol.per_layer]], test_units,
+                                             n_new, eos, e.delta, e.epsilon)
+        c = calibration[pol.name]
+        print(f"  {pol.name}: " + (f"certified {pol.knob} = {c['value']:g} ({c['kv_policy']}), held-out real loss "
+                                   f"{c['test_loss']:.4f}" if c["chosen"] is not None else c["why_none"]))
 
     tasks = {}
     if e.tasks:
         tasks = record_tasks(cfg, rt, tokenizer, parts, out)
         for task in tasks.values():
-            task["points"] = {pol.name: [task_point(task, pol, v, calib_recs) for v in pol.grid] for pol in policies}
+            task["points"] = {pol.name: [task_point(task, pol, v, fit_recs) for v in pol.grid] for pol in policies}
             task["oracle"] = task_point(task, None, 0.0, None)
             if task["testable"]:
                 task["calibration_at"] = {str(d): {pol.name: calibrate_task(task, pol, curves, d, e.epsilon)
                                                    for pol in policies} for d in deltas}
                 task["calibration"] = task["calibration_at"][str(e.delta)]
 
-    # Real runs beside dense on the test prompts
-    timed_prompts = [(p["id"], encode(p["text"], p["id"])) for p in test[: e.timed_prompts]]
-    for _, ids in timed_prompts[:1]:  # warm-up, untimed
-        dense.generate(ids, min(8, n_new), eos)
+    # Real runs beside dense on a stratified sample of the test prompts
+    by_id = {u.id: u for u in test_units}
+    timed_units = [by_id[p["id"]] for p in stratified_sample([p for p in test if p["id"] in by_id],
+                                                             e.timed_prompts, cfg.seed)]
+    for u in timed_units[:1]:  # warm-up, untimed
+        dense.generate(u.ids, min(8, n_new), eos)
     measured = {}
     for pol in tqdm(policies, desc="real runs"):
-        pcfg = policy_config(cfg, pol.name)
-        decoder = build_decoder(pcfg, rt)
-        pts = []
-        chosen = {c[pol.name]["chosen"] for c in calibration_at.values()}
+        decoder = decoders[pol.name]
+        own_kv = sorted(e.kv_policies, key=lambda k: k != policy_config(cfg, pol.name).early_exit.kv_policy)[0]
+        cal = calibration[pol.name]
+        chosen = {c[pol.name]["chosen"] for c in screen_at.values()}
         chosen |= {c[pol.name]["chosen"] for t in tasks.values() for c in t.get("calibration_at", {}).values()}
-        for j in measured_indices(len(pol.grid), e.measured_points, chosen - {None}):
+        pts = []
+        for j in measured_indices(len(pol.grid), e.measured_points, (chosen | {cal["chosen"]}) - {None}):
             row = curves[pol.name][j]
-            set_operating_point(decoder, pol, row["value"], row["thresholds"])
-            r = timed(rt, dense, decoder, timed_prompts, n_new, eos, cfg.seed)
-            pts.append({"index": j, "value": row["value"], **r})
+            kvs = [own_kv] + ([cal["kv_policy"]] if j == cal["chosen"] and cal["kv_policy"] != own_kv else [])
+            for kv in kvs:
+                set_operating_point(decoder, pol, row["value"], row["thresholds"], kv)
+                r = timed(rt, dense, decoder, timed_units, n_new, eos, cfg.seed)
+                pts.append({"index": j, "value": row["value"], "kv_policy": kv, **r})
         measured[pol.name] = pts
     for name in e.real_only:  # not replayable (tree SpecEE): measured at each grid value
         pcfg = policy_config(cfg, name)
@@ -275,31 +414,44 @@ def run(cfg) -> dict:
         pts = []
         for v in tqdm(sorted(e.real_only_grid, reverse=True), desc=f"real runs {name}"):
             decoder.predictors.set_threshold(float(v))
-            pts.append({"value": float(v), **timed(rt, dense, decoder, timed_prompts, n_new, eos, cfg.seed)})
+            pts.append({"value": float(v), "kv_policy": pcfg.early_exit.kv_policy,
+                        **timed(rt, dense, decoder, timed_units, n_new, eos, cfg.seed)})
         measured[name] = pts
     peers = {}
     for name in e.lossless_peers:
         pcfg = policy_config(cfg, name)
         decoder = build_decoder(pcfg, rt, eos_id=eos)
         peers[name] = {"label": ablations.of(pcfg.ablation).label,
-                       **timed(rt, dense, decoder, timed_prompts, n_new, eos, cfg.seed)}
+                       **timed(rt, dense, decoder, timed_units, n_new, eos, cfg.seed)}
 
+    refutations = {pol.name: refute_policy(curves[pol.name], [p for p in measured[pol.name]], e.delta, e.epsilon, n_new)
+                   for pol in policies}
     agreement = pages.replay_vs_real(curves, measured)
     m = {"num_layers": L, "prompts": {"calibration": len(calib_recs), "test": len(test_recs),
-                                      "timed": len(timed_prompts), "left_out_trained_on": dropped},
-         "max_new_tokens": n_new, "delta": e.delta, "epsilon": e.epsilon,
+                                      "timed": len(timed_units), "left_out_trained_on": dropped,
+                                      "fit": len(fit_ids), "calibration_for_fitted": len(ltt_of[True]),
+                                      "timed_categories": sorted({u.category for u in timed_units}),
+                                      "test_categories": sorted({u.category for u in test_units})},
+         "units": {"fit": sorted(fit_ids), "calibration": units_of, "test": [u.id for u in test_units],
+                   "timed": [u.id for u in timed_units]},
+         "max_new_tokens": n_new, "delta": e.delta, "epsilon": e.epsilon, "kv_policies": list(e.kv_policies),
+         "loss": "mean over prompts of the share of a prompt's emitted tokens that the full stack, at the same "
+                 "prefix, would not emit (real runs: the decoder's own context; replay: dense's)",
          "left_out": parts["left_out"],
-         "policies": {p.name: {"label": p.label, "knob": p.knob, "grid": list(p.grid)} for p in policies},
-         "curves": curves, "oracle": oracle, "calibration": calibration, "calibration_at": calibration_at,
-         "measured": measured,
+         "policies": {p.name: {"label": p.label, "kind": p.kind, "knob": p.knob, "grid": list(p.grid),
+                                "fitted": p.per_layer}
+                      for p in policies},
+         "curves": curves, "oracle": oracle, "calibration": calibration, "screen_at": screen_at,
+         "refutation": refutations, "measured": measured,
          "lossless_peers": peers, "replay_vs_real": agreement,
          "tasks": {k: {kk: vv for kk, vv in v.items() if kk not in ("task", "items", "calibration_ids")}
                    for k, v in tasks.items()},
          "unit_costs_us": units["median_us"], "record_s": record_s,
          "seconds": time.perf_counter() - t_start}
-    m["verdicts"] = pages.verdicts(m, cfg.model.name)
+    m["verdicts"] = pages.verdicts(m, cfg.model.name, scope=pages.scope_line(cfg, L))
     path = results.save(out, cfg, m, {"replay_method": "teacher-forced under dense's trajectory; exact up to "
-                                                       "each sequence's first exit"})
+                                                       "each sequence's first exit",
+                                      "certification": "Learn-then-Test on real decoding at the points tested"})
     print(f"wrote {path}")
     doc = results.read_results(path, "rerun experiment=frontier with force=true")
     pages.write_report(doc, project_path(e.report_dir or f"reports/frontier_{cfg.model.name}"))

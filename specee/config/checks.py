@@ -62,7 +62,7 @@ LIMITS: dict[type, dict[str, tuple]] = {
                          "timed_prompts": (2, INT_MAX), "count": (1, INT_MAX), "max_new_tokens": (1, INT_MAX), "task_limit": (2, INT_MAX), "document_limit": (2, INT_MAX), "cost_rounds": (3, 10_000),
                          "real_only_grid": (0.0, 1.0), "threshold_grid": (0.0, 1.0), "precision_grid": (0.0, 1.0),
                          "p_stop_grid": (0.0, 1.0), "oracle_budgets": (0.0, 1.0), "extra_deltas": (0.0, 1.0),
-                         "calibration_share": (0.0, 1.0)},
+                         "calibration_share": (0.0, 1.0), "fit_share": (0.0, 1.0)},
     Config: {"threads": (1, INT_MAX)},
 }
 
@@ -116,6 +116,7 @@ CHOICES: dict[type, dict[str, Any]] = {
                           "mapping_variants": Options("ablation"), "runtime_variants": Options("ablation"),
                           "accuracy_ablations": Options("ablation"), "dataset": Options("dataset")},
     FrontierExperiment: {"policies": Options("ablation"), "real_only": Options("ablation"),
+                         "kv_policies": owned("specee.early_exit.kv_policy", "POLICIES"),
                          "lossless_peers": Options("ablation")},
     AccuracyExperiment: {"on_overflow": ("truncate", "error"), "drift_gate": ("auto", "exact", "interval"),
                          "task_source": ("shipped", "lm_eval")},
@@ -227,7 +228,12 @@ def _check_value(key: str, value, hint, limits, choices) -> None:
     if callable(choices):
         choices = choices()
     if choices is not None:
-        if value not in choices:
+        if isinstance(value, (list, tuple)) or OmegaConf.is_list(value):  # each item one of the choices
+            bad = [v for v in value if v not in choices]
+            if bad or not len(value):
+                raise SpeceeError(f"{key} has {bad[0]!r}, which is unknown; valid: {', '.join(choices)}" if bad else
+                                  f"{key} is empty; name at least one of: {', '.join(choices)}")
+        elif value not in choices:
             raise SpeceeError(f"{key}={value!r} is unknown; valid: {', '.join(choices)}")
         return
     if base is bool:

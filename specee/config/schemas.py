@@ -493,8 +493,16 @@ class FrontierExperiment:
     # further budgets calibrated beside delta (reported, no verdict): what the data can certify where
     # delta needs more calibration units than it has (a loss of 0 at 1 % needs 299 at epsilon 0.05)
     extra_deltas: list[float] = field(default_factory=lambda: [0.05])
+    # K/V policies of the layers an exit skips, certified in turn at each point (the ablation's own first):
+    # part of the operating point, since what later tokens read there changes the real loss
+    kv_policies: list[str] = field(default_factory=lambda: ["holes", "propagate"])
+    # the share of the calibration prompts a fitted policy (the tuned bank's per-layer thresholds) is
+    # fitted on; its Learn-then-Test never sees them (other policies are calibrated on every prompt)
+    fit_share: float = 0.25
     measured_points: int = 2  # real runs per replayed policy (spread over its grid), plus its calibrated point
-    timed_prompts: int = 13  # test prompts the real runs are timed on, beside dense
+    # test prompts the real runs are timed on, beside dense: a seeded sample stratified over the test
+    # split's categories (raised to one per category where fewer are asked for)
+    timed_prompts: int = 13
     tasks: list[str] = field(default_factory=list)  # lm-eval tasks (shipped) replayed at every point
     task_limit: Optional[int] = 100  # items per task (halved into calibration and test)
     document_limit: Optional[int] = 10  # documents per perplexity-like task (every token a decision)

@@ -87,6 +87,28 @@ def fixed_sequence(losses_by_point: list, delta: float, epsilon: float, bound: s
     return {"p_values": p, "certified": certified}
 
 
+def cannot_pass(partial, n: int, delta: float, epsilon: float, bound: str) -> bool:
+    """Whether a point whose first ``len(partial)`` of ``n`` calibration units have these losses is
+    already sure to fail its test: both p-values grow with the units' total loss, and the units not
+    run yet add at least 0, so if even zero loss on them leaves p > epsilon the point fails. A test
+    stopped this way reaches the decision the full run would (it never stops a point that passes)."""
+    partial = np.asarray(partial, dtype=np.float64)
+    if len(partial) > n:
+        raise ValueError(f"cannot_pass: {len(partial)} losses for {n} units")
+    return p_value(np.r_[partial, np.zeros(n - len(partial))], delta, bound) > epsilon
+
+
+def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
+    """The exact one-sided (1 - alpha) lower confidence bound on a binomial share from k of n."""
+    from scipy.stats import beta
+    return 0.0 if k <= 0 or n <= 0 else float(beta.ppf(alpha, k, n - k + 1))
+
+
+def interval(losses, epsilon: float, bound: str) -> tuple[float, float]:
+    """A two-sided (1 - epsilon) interval on the expected loss: each side at epsilon / 2."""
+    return lower_bound(losses, epsilon / 2, bound), upper_bound(losses, epsilon / 2, bound)
+
+
 def upper_bound(losses, epsilon: float, bound: str) -> float:
     """The (1 - epsilon) upper confidence bound on the expected loss (inverting the same test)."""
     losses = np.asarray(losses, dtype=np.float64)

@@ -109,9 +109,12 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
     return policies, parts
 
 
-def set_operating_point(decoder, policy: Policy, value: float, thresholds) -> None:
+def set_operating_point(decoder, policy: Policy, value: float, thresholds, kv_policy: str | None = None) -> None:
     """Put a real decoder at a replayed point: its knob ``value``, or for a target precision the
-    per-layer logit ``thresholds`` the replay chose on the calibration split."""
+    per-layer logit ``thresholds`` fitted on the fit split; and, where given, what an exit leaves in
+    the skipped layers' K/V (part of the operating point: it changes what later tokens read)."""
+    if kv_policy is not None:
+        decoder.kv_policy = kv_policy
     if policy.kind == "specee" and policy.per_layer:
         thr = np.asarray(thresholds, dtype=np.float64)
         decoder.predictors.set_layer_thresholds([float(1 / (1 + math.exp(-t))) if math.isfinite(t)
