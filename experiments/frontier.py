@@ -290,11 +290,6 @@ def run(cfg) -> dict:
         print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
         pages.write_report(done, project_path(e.report_dir or f"reports/frontier_{cfg.model.name}"))
         return done["metrics"]
-    if not e.kv_policies:
-        raise SpeceeError("experiment.kv_policies is empty: name at least one, e.g. experiment.kv_policies=[holes]")
-    if e.max_new_tokens < 2:
-        raise SpeceeError("experiment.max_new_tokens must be at least 2 (the first token comes from the prefill, "
-                          "which never exits): e.g. experiment.max_new_tokens=32")
     t_start = time.perf_counter()
     prompts = load_prompts(cfg)
     torch.manual_seed(cfg.seed)

@@ -234,6 +234,11 @@ def test_calibration_says_why_no_point_passes_the_replay_screen():
     ("experiment.extra_deltas=[2]", "experiment.extra_deltas has 2.0, which must lie strictly between 0 and 1"),
     ("experiment.tasks=[nope]", "experiment.tasks has 'nope', not a shipped task"),
     ("experiment.policies=[]", "experiment.policies is empty"),
+    ("experiment.kv_policies=[holes,leaky]", "experiment.kv_policies has 'leaky', which is unknown; valid: holes, propagate"),
+    ("experiment.kv_policies=[]", "experiment.kv_policies is empty"),
+    ("experiment.fit_share=1.5", "experiment.fit_share=1.5 must lie in [0, 1]"),
+    ("experiment.fit_share=0", "experiment.fit_share=0.0 leaves a fitted policy nothing to fit on"),
+    ("experiment.max_new_tokens=1", "experiment.max_new_tokens=1: a frontier needs at least 2"),
     ("experiment.calibration_share=1", "experiment.calibration_share=1.0 leaves a split empty"),
     ("experiment.calibration_share=0.0", "experiment.calibration_share=0.0 leaves a split empty"),
 ])

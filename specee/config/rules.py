@@ -79,6 +79,12 @@ def check_frontier(e) -> None:
     if not 0.0 < e.calibration_share < 1.0:
         raise SpeceeError(f"experiment.calibration_share={e.calibration_share} leaves a split empty; give a share "
                           "strictly between 0 and 1 (e.g. experiment.calibration_share=0.5)")
+    if not 0.0 < e.fit_share < 1.0:
+        raise SpeceeError(f"experiment.fit_share={e.fit_share} leaves a fitted policy nothing to fit on or to "
+                          "calibrate on; give a share strictly between 0 and 1 (e.g. experiment.fit_share=0.25)")
+    if e.max_new_tokens < 2:
+        raise SpeceeError(f"experiment.max_new_tokens={e.max_new_tokens}: a frontier needs at least 2 (the first "
+                          "token comes from the prefill, which never exits), e.g. experiment.max_new_tokens=32")
     for key in ("threshold_grid", "precision_grid", "margin_grid", "p_stop_grid", "real_only_grid", "oracle_budgets"):
         if key != "real_only_grid" and len(e[key]) < 2 or key == "real_only_grid" and e.real_only and not e[key]:
             raise SpeceeError(f"experiment.{key} has {len(e[key])} point(s); a frontier needs at least two "

@@ -249,6 +249,8 @@ def certified_table(m: dict) -> list[str]:
                   "stops running prompts once even zero loss on the rest could not pass it):", "",
               "| policy | point | K/V | prompts run | real loss | sequences identical | p-value | certified |",
               "|---|---|---|---|---|---|---|---|"]
+    if not any(cal.get("tested") for cal in m["calibration"].values()):
+        lines.append("| – | none tested: no policy has enough calibration prompts to certify any point | – | – | – | – | – | – |")
     for name, cal in m["calibration"].items():
         for t in cal.get("tested", []):
             p = "stopped: cannot pass" if t["p_value"] is None else f"{t['p_value']:.3g}"
