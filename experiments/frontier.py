@@ -209,9 +209,12 @@ def certify_real(pol, decoder, rt, curve: list[dict], kv_order: list[str], calib
                                f"needs {lt['units_needed_at_zero_loss']}")
         else:
             t = out["tested"][0]
+            n = lt["calibration_units"]
+            p0 = calibrate.p_value(np.zeros(n), delta, lt["bound"])
             out["why_none"] = (f"no point certified: the most conservative point ({pol.knob} = {t['value']:g}, "
                                f"{t['kv_policy']}) lost {t['loss']:.4f} on real runs over the first {t['units_run']} "
-                               f"calibration prompts, past what {delta:g} allows")
+                               f"of {n} calibration prompts, more than {delta:g} can absorb from {n} (p at zero "
+                               f"loss {p0:.3f} against {epsilon:g})")
         return out
     best = max(certified, key=lambda t: (curve[t["index"]]["calibration"]["modelled_speedup"],
                                           -kv_order.index(t["kv_policy"])))
