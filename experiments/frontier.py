@@ -107,7 +107,7 @@ def modelled(counts_fn, gens, dense_counts, units) -> dict:
     return {"modelled_speedup": m["value"], "modelled_band": m["band"]}
 
 
-def evaluate_point(policy, value, fit_recs, calib_recs, test_recs, units, dense_counts, L, n_new) -> dict:
+def evaluate_point(policy, value, fit_recs, calib_recs, test_recs, units, dense_counts, L) -> dict:
     """One operating point replayed on both halves. A fitted policy's thresholds come from
     ``fit_recs`` only; ``calib_recs`` are the units its calibration reads (never the fitted ones)."""
     thr = layer_thresholds(policy, value, fit_recs) if policy.kind == "specee" else value
@@ -347,7 +347,7 @@ def run(cfg) -> dict:
     curves = {}
     for pol in tqdm(policies, desc="replay policies"):
         cr = [calib_recs[i] for i in ltt_of[pol.per_layer]]
-        curves[pol.name] = [evaluate_point(pol, v, fit_recs, cr, test_recs, units, dense_counts, L, n_new)
+        curves[pol.name] = [evaluate_point(pol, v, fit_recs, cr, test_recs, units, dense_counts, L)
                             for v in pol.grid]
     oracle = oracle_curve(test_recs, list(e.oracle_budgets), units, dense_counts, L)
 
@@ -361,11 +361,12 @@ def run(cfg) -> dict:
     print(f"certifying on real runs: at most {len(policies)} policies x their tested points x {len(e.kv_policies)} K/V "
           f"policies; each certified point decodes its calibration prompts once ({worst} tokens over all policies"
           f", about {worst * dense_ms / 1000 / 60:.1f} min at dense speed; a point that cannot pass stops early)")
-    calibration, decoders = {}, {}
+    calibration, decoders, kv_orders = {}, {}, {}
     for pol in policies:
         pcfg = policy_config(cfg, pol.name)
         decoders[pol.name] = dec = build_decoder(pcfg, rt)
-        kv_order = sorted(e.kv_policies, key=lambda k: k != pcfg.early_exit.kv_policy)
+        # the ablation's own K/V policy first: on a tie it is the one chosen, and it is the one timed
+        kv_orders[pol.name] = kv_order = sorted(e.kv_policies, key=lambda k: k != pcfg.early_exit.kv_policy)
         calibration[pol.name] = certify_real(pol, dec, rt, curves[pol.name], kv_order,
                                              [calib_units[i] for i in ltt_of[pol.per_layer]], test_units,
                                              n_new, eos, e.delta, e.epsilon)
@@ -393,7 +394,7 @@ def run(cfg) -> dict:
     measured = {}
     for pol in tqdm(policies, desc="real runs"):
         decoder = decoders[pol.name]
-        own_kv = sorted(e.kv_policies, key=lambda k: k != policy_config(cfg, pol.name).early_exit.kv_policy)[0]
+        own_kv = kv_orders[pol.name][0]
         cal = calibration[pol.name]
         chosen = {c[pol.name]["chosen"] for c in screen_at.values()}
         chosen |= {c[pol.name]["chosen"] for t in tasks.values() for c in t.get("calibration_at", {}).values()}
@@ -422,7 +423,7 @@ def run(cfg) -> dict:
         peers[name] = {"label": ablations.of(pcfg.ablation).label,
                        **timed(rt, dense, decoder, timed_units, n_new, eos, cfg.seed)}
 
-    refutations = {pol.name: refute_policy(curves[pol.name], [p for p in measured[pol.name]], e.delta, e.epsilon, n_new)
+    refutations = {pol.name: refute_policy(curves[pol.name], measured[pol.name], e.delta, e.epsilon, n_new)
                    for pol in policies}
     agreement = pages.replay_vs_real(curves, measured)
     m = {"num_layers": L, "prompts": {"calibration": len(calib_recs), "test": len(test_recs),

@@ -304,7 +304,8 @@ def summary_md(doc: dict) -> str:
              "curve, never the guarantee. Measured points: real runs beside dense, step by step in turn, on the timed "
              "test prompts.", "",
              "![frontier](frontier.png)", "",
-             f"## At the paper's budget (≤ {100 * d:g} % loss, Spec-Bench, certified on real decoding)", "",
+             f"## At the budget δ = {d:g}{' (the paper’s 1 %)' if d == 0.01 else ''}: Spec-Bench, certified on real "
+             "decoding", "",
              "The guarantee: with probability ≥ 1 − ε over the calibration prompts, each certified point's expected "
              "real-decoding loss on prompts like them is ≤ δ (this model, batch 1, greedy, this length).", ""]
     lines += certified_table(m)
