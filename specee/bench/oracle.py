@@ -16,9 +16,10 @@ import torch
 
 
 @torch.inference_mode()
-def layer_predictions(rt, prompt_ids: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+def layer_predictions(rt, prompt_ids: torch.Tensor, tokens: list[int], last_only: bool = False) -> torch.Tensor:
     """(T-1, L) argmax of every layer for tokens[1:] (the first token comes from the prefill,
-    which never exits), by teacher-forcing prompt + tokens[:-1] once through the stack."""
+    which never exits), by teacher-forcing prompt + tokens[:-1] once through the stack.
+    ``last_only``: (T-1, 1), the full stack's alone (one LM-head product instead of L)."""
     if len(tokens) < 2:
         return torch.empty(0, rt.num_layers, dtype=torch.long)
     ids = torch.cat([prompt_ids, torch.tensor([tokens[:-1]], device=prompt_ids.device)], 1)
@@ -30,7 +31,8 @@ def layer_predictions(rt, prompt_ids: torch.Tensor, tokens: list[int]) -> torch.
     preds = []
     for i in range(rt.num_layers):
         h = rt.run_layer(i, h, rope, cache, None, pos)
-        preds.append(rt.logits(h[0, p:]).argmax(-1))  # positions predicting tokens[1:]
+        if not last_only or i == rt.num_layers - 1:
+            preds.append(rt.logits(h[0, p:]).argmax(-1))  # positions predicting tokens[1:]
     return torch.stack(preds, 1).cpu()
 
 

@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from specee.bench.oracle import layer_predictions
 from specee.frontier import calibrate
 
 
@@ -40,21 +41,10 @@ class Unit:
     category: str = ""
 
 
-@torch.inference_mode()
 def full_stack_tokens(rt, prompt_ids: torch.Tensor, tokens: list[int]) -> list[int]:
     """The full stack's greedy token at each of ``tokens[1:]``'s prefixes (prompt + tokens[:t]),
     from one teacher-forced pass that reads only the last layer's head."""
-    if len(tokens) < 2:
-        return []
-    ids = torch.cat([prompt_ids, torch.tensor([tokens[:-1]], device=prompt_ids.device)], 1)
-    p = prompt_ids.shape[1]
-    cache = rt.new_cache(ids.shape[1])
-    pos = rt.positions(cache, ids.shape[1])
-    h = rt.embed(ids)
-    rope = rt.rope(h, pos)
-    for i in range(rt.num_layers):
-        h = rt.run_layer(i, h, rope, cache, None, pos)
-    return rt.logits(h[0, p:]).argmax(-1).tolist()
+    return layer_predictions(rt, prompt_ids, tokens, last_only=True)[:, -1].tolist()
 
 
 def own_context_loss(rt, unit: Unit, tokens: list[int], layers_run: list[int]) -> dict:
