@@ -9,8 +9,6 @@ from pathlib import Path
 
 from specee.errors import SpeceeError
 
-CLAIM = "faster than dense at <= delta loss"
-
 
 def replay_vs_real(curves: dict, measured: dict) -> dict:
     """Per policy, replay's figures beside the real runs' at the same points (test prompts): the
