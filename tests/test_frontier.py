@@ -358,12 +358,12 @@ def test_agreement_near_budget_reads_only_the_points_a_budget_can_choose():
     assert agreement_near_budget(m) is None
 
 
-@pytest.mark.parametrize("which, value", [("t2", 0.5), ("t2", 0.2), ("svm", -0.3)])
+@pytest.mark.parametrize("which, value", [("t2", 0.999), ("t2", 0.5), ("t2", 0.2), ("svm", -0.3)])
 @pytest.mark.parametrize("kv", ["holes", "propagate"])
 def test_a_wrong_first_exit_bounds_the_real_loss_from_below(tiny_setup, which, value, kv):
     """Refutation reads replay only up to each prompt's first exit: where that exit's token is not the
     full stack's, the real decoder (under either K/V policy) loses at least one token in that prompt."""
-    from specee.frontier.certify import Unit, first_exit_wrong, own_context_loss
+    from specee.frontier.certify import Unit, dense_result, exits_at_all, first_exit_wrong, own_context_loss
     rt, decs, prompts, gens, recs = tiny_setup
     dec = decs[which]
     pol = _policy(dec, "svm" if which == "svm" else "specee")
@@ -374,16 +374,24 @@ def test_a_wrong_first_exit_bounds_the_real_loss_from_below(tiny_setup, which, v
         dec.predictors.set_threshold(value)
         thr = layer_thresholds(pol, value, recs)
     dec.kv_policy = kv
-    wrong_seen = 0
+    wrong_seen, silent = 0, 0
     for ids, g, rec in zip(prompts, gens, recs):
-        w = first_exit_wrong(rec, replay(rec, pol, thr))
+        ex = replay(rec, pol, thr)
+        w = first_exit_wrong(rec, ex)
         real = dec.generate(ids, 24, None)
-        loss = own_context_loss(rt, Unit("p", ids, g), real.tokens, real.layers_run)["loss"]
-        assert loss >= w / 23 - 1e-12, (loss, w)
+        r = own_context_loss(rt, Unit("p", ids, g), real.tokens, real.layers_run)
+        assert r["loss"] >= w / 23 - 1e-12, (r["loss"], w)
         wrong_seen += w
+        # certification skips the real run where replay never exits: it must be dense's, step for step
+        assert r["exited"] == exits_at_all(rec, ex)
+        if not exits_at_all(rec, ex):
+            assert r == dense_result(rt, Unit("p", ids, g))
+            silent += 1
     dec.kv_policy = "holes"
     if which == "t2" and value == 0.2:
         assert wrong_seen > 0  # the bound is exercised, not only 0 <= loss
+    if which == "t2" and value == 0.999:
+        assert silent > 0  # the no-exit shortcut is exercised
 
 
 def test_own_context_loss_is_zero_exactly_for_dense_output_and_counts_full_stack_disagreements(tiny_setup):

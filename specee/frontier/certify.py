@@ -47,6 +47,12 @@ def full_stack_tokens(rt, prompt_ids: torch.Tensor, tokens: list[int]) -> list[i
     return layer_predictions(rt, prompt_ids, tokens, last_only=True)[:, -1].tolist()
 
 
+def dense_result(rt, unit: Unit) -> dict:
+    """What :func:`own_context_loss` returns for a run that never exits: dense's tokens, every layer."""
+    steps = len(unit.dense_tokens) - 1
+    return {"loss": 0.0, "identical": True, "exited": False, "steps": steps, "layers": steps * rt.num_layers}
+
+
 def own_context_loss(rt, unit: Unit, tokens: list[int], layers_run: list[int]) -> dict:
     """A real generation's loss against the full stack at its own context, with its identity to
     dense's output and whether it exited at all. Output identical to dense's has loss 0 (every prefix
@@ -101,6 +107,12 @@ def first_exit_wrong(rec, exits) -> int:
     L = rec.argmax.shape[1]
     hit = np.flatnonzero(exits.layer < L - 1)
     return int(len(hit) > 0 and exits.token[hit[0]] != rec.final[hit[0]])
+
+
+def exits_at_all(rec, exits) -> bool:
+    """Whether the replayed request exits at any step. Replay is exact up to the first exit, so a
+    request that never exits in replay runs as dense does on the real decoder (:func:`dense_result`)."""
+    return bool((exits.layer < rec.argmax.shape[1] - 1).any())
 
 
 def refutation(points: list[dict], delta: float, epsilon: float, max_new_tokens: int) -> dict:
