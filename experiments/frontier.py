@@ -116,7 +116,7 @@ def evaluate_point(policy, value, fit_recs, calib_recs, test_recs, units, dense_
     for half, recs in (("calibration", calib_recs), ("test", test_recs)):
         ex = [replay(r, policy, thr) for r in recs]
         g = generation_metrics(recs, ex)
-        gens = as_generations(ex, policy.kind)
+        gens = as_generations(ex, policy)
         row[half] = {**{k: v for k, v in g.items()},
                      "first_exit_wrong": [certify.first_exit_wrong(r, x) for r, x in zip(recs, ex)],
                      "exits": [certify.exits_at_all(r, x) for r, x in zip(recs, ex)],
@@ -325,7 +325,7 @@ def run(cfg) -> dict:
             ids = encode(p["text"], p["id"])
             gen = dense.generate(ids, n_new, eos)
             r = record_generation(rt, parts["draft"], parts["banks"], cfg.early_exit.k, ids, gen.tokens,
-                                  parts.get("svm"), parts.get("crf"))
+                                  parts.get("svm"), parts.get("crf"), parts["rules"])
             if r is not None:
                 recs.append(r)
                 units.append(certify.Unit(p["id"], ids, gen.tokens, p["category"]))
@@ -346,13 +346,17 @@ def run(cfg) -> dict:
     if parts.get("ada_decoder") is not None:
         ada = cm.measure_unit_costs(rt, parts["ada_decoder"], dense, test_units[0].ids, n_new, rounds=e.cost_rounds)
         units["samples_us"]["adainfer_probe"] = ada["samples_us"]["adainfer_probe"]
+    units_of_policy = {p.name: units for p in policies}
+    for name, rdec in parts["rule_decoders"].items():  # each rule's decision has its own price
+        ru = cm.measure_unit_costs(rt, rdec, dense, test_units[0].ids, n_new, rounds=e.cost_rounds)
+        units_of_policy[name] = {**units, "samples_us": {**units["samples_us"], "rule_probe": ru["samples_us"]["rule_probe"]}}
     dense_counts = cm.count_work([type("G", (), {"tokens": [0] * (n_new + 1), "trace": []})()], L,
                                  modes.reference().name)
 
     curves = {}
     for pol in tqdm(policies, desc="replay policies"):
         cr = [calib_recs[i] for i in ltt_of[pol.per_layer]]
-        curves[pol.name] = [evaluate_point(pol, v, fit_recs, cr, test_recs, units, dense_counts, L)
+        curves[pol.name] = [evaluate_point(pol, v, fit_recs, cr, test_recs, units_of_policy[pol.name], dense_counts, L)
                             for v in pol.grid]
     oracle = oracle_curve(test_recs, list(e.oracle_budgets), units, dense_counts, L)
 

@@ -10,7 +10,7 @@ from specee.bench import cost_model as cm
 from specee.decoding.base import Generation
 
 L = 32
-UNITS = {"layer": 100.0, "lm_head": 60.0, "predictor": 20.0, "probe": 4.0, "adainfer_probe": 70.0,
+UNITS = {"layer": 100.0, "lm_head": 60.0, "predictor": 20.0, "probe": 4.0, "adainfer_probe": 70.0, "rule_probe": 9.0,
          "draft_step": 180.0, "draft_tree": 500.0, "tree_layer": 130.0, "tree_lm_head": 90.0,
          "sync": 5.0, "step_overhead": 40.0}
 ZERO = dict.fromkeys(UNITS, 0.0) | {"layer": 100.0}
@@ -271,3 +271,13 @@ def test_gpu_paths_price_host_round_trips_and_graph_launches_where_each_path_pay
     assert out["strongest_dense"] == "graphed"
     no_device = cm.predict_paths(mode, dense, 32, "llama2_7b", GPU_ANALYTIC, 512, device_exits=False)
     assert "graphed_device_exits" not in no_device["paths"]
+
+
+def test_a_negative_step_overhead_is_read_as_zero_so_a_fast_mode_keeps_a_positive_time():
+    """Noise on a loaded machine can make step_overhead (dense_step minus the separately timed layers
+    and head) negative; priced as it is, a mode running two layers a token would take no time."""
+    table = UNITS | {"step_overhead": -500.0}
+    fast = bare_mode(2)
+    t, parts = cm.modelled_time_us(fast, table)
+    assert t == pytest.approx(2 * UNITS["layer"] + UNITS["lm_head"]) and parts["step_overhead"] == 0
+    assert cm.modelled_speedup(fast, dense_counts(), samples(table, 3))["value"] > 0

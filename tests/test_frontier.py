@@ -275,7 +275,7 @@ MINIMAL = ["experiment=frontier", "model=tiny", "experiment.count=1", "experimen
            "experiment.delta=0.5", "experiment.fit_share=0.3",
            "experiment.timed_prompts=2", "experiment.cost_rounds=3", "experiment.measured_points=1",
            "experiment.real_only_grid=[0.5]", "experiment.lossless_peers=[pld]",
-           "experiment.policies=[specee_t1_t2,specee_t1_t2_tuned,adainfer]",
+           "experiment.policies=[specee_t1_t2,specee_t1_t2_tuned,adainfer,calm_saturation]",
            "experiment.threshold_grid=[0.9,0.5,0.2]", "experiment.precision_grid=[0.95,0.7]",
            "experiment.margin_grid=[0.5,-0.3]"]
 
@@ -288,7 +288,8 @@ def test_frontier_end_to_end_on_tiny(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     m = doc["metrics"]
-    assert set(m["curves"]) == {"specee_t1_t2", "specee_t1_t2_tuned", "adainfer"}
+    assert set(m["curves"]) == {"specee_t1_t2", "specee_t1_t2_tuned", "adainfer", "calm_saturation"}
+    assert m["policies"]["calm_saturation"]["knob"] == "threshold"  # an exit rule's own knob and grid
     for name, rows in m["curves"].items():
         assert len(rows) >= 2
         for r in rows:

@@ -33,6 +33,7 @@ PRICED = (
     ("priced_predictor_calls", "predictor"),
     ("delta_probes", "probe"),
     ("adainfer_probes", "adainfer_probe"),
+    ("rule_probes", "rule_probe"),  # an exit rule's decision after a layer (specee/exit_rules/)
     ("draft_steps", "draft_step"),
     ("draft_trees", "draft_tree"),
     ("extra_syncs", "sync"),
@@ -41,7 +42,7 @@ PRICED = (
 
 # Counts proportional to the model's depth (rescaled by predict_speedup); the rest are per step.
 PER_LAYER_COUNTS = ("layer_steps", "tree_layer_steps", "predictor_calls", "priced_predictor_calls",
-                    "delta_probes", "adainfer_probes")
+                    "delta_probes", "adainfer_probes", "rule_probes")
 
 
 def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive",
@@ -59,6 +60,7 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
         # Dense: each step = one token, all L layers, one LM head whose argmax is read (in lm_head).
         c = {"steps": 1.0, "layer_steps": float(L), "tree_layer_steps": 0.0, "lm_heads": 1.0,
              "tree_lm_heads": 0.0, "predictor_calls": 0.0, "delta_probes": 0.0, "adainfer_probes": 0.0,
+             "rule_probes": 0.0,
              "draft_steps": 0.0, "draft_trees": 0.0, "syncs": 1.0, "extra_syncs": 0.0, "nodes": 1.0,
              "avg_layers": float(L)}
         return _priced(c) | {"tokens": float(tokens)}
@@ -81,7 +83,7 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
         # full-vocab heads on one row: AR verify_calls + the final head when no exit; AdaInfer's
         # every pred_call (rt.logits per layer) + the final head when no exit.
         "lm_heads": 0.0 if tree else (s("verify_calls") + s("pred_calls") * spec.costs.lm_head_per_predictor_call
-                                      + sum(no_exit)) / n,
+                                      + s("emit_heads") + sum(no_exit)) / n,
         # tree: the final head when no exit (over `nodes` rows) + the exit verifications, in
         # whole-tree heads: their rows over the tree's (merged SpecEE computes only fired paths'
         # rows; a head's cost is taken as proportional to its rows), else one head per verify_call.
@@ -93,6 +95,10 @@ def count_work(gens, num_layers: int, mode: str, decoding: str = "autoregressive
         "delta_probes": s("delta_probes") / n,
         # AdaInfer: each predictor call is full logits + SVM decision (priced as adainfer_probe).
         "adainfer_probes": s("pred_calls") / n if spec.costs.lm_head_per_predictor_call else 0.0,
+        # an exit rule: each predictor call is one decision of the rule (with the layer's LM head
+        # where the rule reads it), priced as rule_probe; a rule that does not read the head pays
+        # one head where it exits (emit_heads, in lm_heads)
+        "rule_probes": s("pred_calls") / n if spec.costs.rule_probe else 0.0,
         # SpecEE AR: one draft proposal (draft layer + draft head + top-K read) per step.
         # (SpecEE with prompt-lookup speculation: only the steps the draft served, draft_calls.)
         "draft_steps": sum(t.get("draft_calls", 1) for t in trace) / n if (spec.costs.draft_step_per_step and not tree)
@@ -120,7 +126,7 @@ def _priced(c: dict) -> dict:
     """The disjoint counts the time model prices: AdaInfer's per-layer heads and SVM calls are
     priced once, as adainfer_probe, not again as lm_head and predictor."""
     return c | {"priced_lm_heads": c["lm_heads"] - c["adainfer_probes"],
-                "priced_predictor_calls": c["predictor_calls"] - c["adainfer_probes"]}
+                "priced_predictor_calls": c["predictor_calls"] - c["adainfer_probes"] - c.get("rule_probes", 0.0)}
 
 
 # -- measuring unit costs --------------------------------------------------------------------
@@ -235,6 +241,14 @@ def measure_unit_costs(rt, decoder, dense_decoder, prompt_ids: torch.Tensor, max
             bool(svm.decide(adainfer_features(rt.logits(h)[0, 0])))
         units["adainfer_probe"] = (adainfer_probe, calls)
 
+    rule = getattr(decoder, "rule", None)
+    if rule is not None:  # an exit rule: one decision after a layer, its LM head included where it reads one
+        h_prev = rt.embed(token)
+
+        def rule_probe():
+            bool(decoder.decide(0, h_prev, h)[0])
+        units["rule_probe"] = (rule_probe, calls)
+
     small = torch.zeros((), dtype=torch.long, device=dev)
 
     def sync():
@@ -267,14 +281,18 @@ def measure_unit_costs(rt, decoder, dense_decoder, prompt_ids: torch.Tensor, max
 
 def modelled_time_us(counts: dict, unit_us: dict) -> tuple[float, dict]:
     """Modelled microseconds per emitted token: each priced count x its unit's price (every step
-    also pays ``step_overhead``). Returns (total, unit -> us per token)."""
+    also pays ``step_overhead``). Returns (total, unit -> us per token).
+
+    A price below zero is read as zero: only ``step_overhead`` can be (it is dense_step minus the
+    separately timed layers and head), and only from noise; taken as it is, a loaded machine's
+    negative overhead can leave a mode that runs few layers a time of zero or less."""
     breakdown = {}
     for key, unit in PRICED:
         n = counts.get(key, 0.0)
         if n:
             if unit not in unit_us:
                 raise KeyError(f"the work counts {key}={n:g} per token but no {unit!r} price is given")
-            breakdown[unit] = breakdown.get(unit, 0.0) + n * unit_us[unit]
+            breakdown[unit] = breakdown.get(unit, 0.0) + n * max(unit_us[unit], 0.0)
     return sum(breakdown.values()), breakdown
 
 

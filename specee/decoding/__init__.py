@@ -18,6 +18,7 @@ class Parts:
     schedule: Any = None
     replay: Any = None
     svm: Any = None
+    rule: Any = None  # an exit rule (specee/exit_rules/)
 
 
 def load_parts(cfg, rt, spec, placement=None) -> Parts:
@@ -59,6 +60,9 @@ def load_parts(cfg, rt, spec, placement=None) -> Parts:
         else:
             parts.svm = load_classifier(project_path(ee.adainfer_path), kind)
             check_trained_for(parts.svm.card, ee.adainfer_path, rt.model, "AdaInfer classifier")
+    if spec.exit_rule is not None:
+        rule = spec.exit_rule
+        parts.rule = rule.standin(rt) if random_init else rule.load(cfg, rt)
     return parts
 
 

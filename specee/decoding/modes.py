@@ -26,6 +26,7 @@ class CostCounts:
     lm_head_per_predictor_call: bool = False  # each predictor call is a full LM head (AdaInfer)
     draft_step_per_step: bool = False  # autoregressive: one draft proposal per step (draft_calls if traced)
     block_cost: bool = False  # each step is one verification block c(n) (prompt lookup)
+    rule_probe: bool = False  # each predictor call is one exit-rule decision, priced as rule_probe
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ModeSpec:
     needs_draft: bool = False  # the draft head (draft=eagle)
     needs_bank: bool = False  # predictors, their placement schedule and an optional replay
     needs_adainfer: bool = False  # the AdaInfer SVM
+    exit_rule: Any = None  # the ExitRule class it decodes with (specee/exit_rules/), else None
     lossless: bool = True  # greedy tokens equal dense's by construction
     speed_only: bool = False  # a speed baseline only (transformers' own generate)
     early_exit: bool = False  # leaves the stack early: exits measured against the oracle
@@ -192,6 +194,20 @@ def _build_adainfer(cfg, rt, parts, **_):
     return AdaInferDecoder(rt, parts.svm, kv_policy=cfg.early_exit.kv_policy)
 
 
+def _build_exit_rule(cfg, rt, parts, **_):
+    from specee.decoding.exit_rule import ExitRuleDecoder
+    value = cfg.ablation.get("exit_value")
+    return ExitRuleDecoder(rt, parts.rule, parts.rule.default if value is None else float(value),
+                           kv_policy=cfg.early_exit.kv_policy)
+
+
+def exit_rule_spec(rule) -> ModeSpec:
+    """The decoding mode of a registered exit rule (specee/exit_rules/): everything it declares."""
+    return ModeSpec(rule.name, rule.label, _build_exit_rule, lossless=False, early_exit=True, exit_rule=rule,
+                    costs=CostCounts(rule_probe=True), extra_metrics=_EXIT_METRICS + _ORACLE_METRICS,
+                    synthetic={"exit_rule": f"fixed stand-in for what {rule.name} fits"} if rule.fitted_on else {})
+
+
 _EXIT_METRICS = ("predictor_calls_per_token", "verify_calls_per_token", "syncs_per_token", "exit_rate",
                  "fire_precision", "overhead_share", "draft_share", "time_split_s", "time_split_method",
                  "time_split_coverage", "efficiency")
@@ -232,3 +248,6 @@ def _builtin() -> None:
                  speed_only=True, peer="hf_plain", extra_metrics=_HF_METRICS),
     ):
         register(s)
+    from specee.exit_rules import registered  # imports nothing from decoding: no loop
+    for rule in registered().values():
+        register(exit_rule_spec(rule))

@@ -3,7 +3,8 @@
 Each policy is an ablation (``conf/ablation/<name>.yaml``) composed as a job with that ablation
 would be, so its bank, schedule, classifier and settings are the ones its speed and accuracy jobs
 use; only its knob moves: SpecEE's global threshold, the tuned bank's target precision (per-layer
-thresholds chosen on the calibration split), AdaInfer's SVM margin and CRF P(stop) level.
+thresholds chosen on the calibration split), AdaInfer's SVM margin and CRF P(stop) level, and an
+exit rule's own knob over its own grid (:mod:`specee.exit_rules`).
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
     predictors were trained on (left out of the frontier)."""
     e = cfg.experiment
     policies, parts = [], {"banks": {}, "calibration_prompt_ids": set(), "draft": None,
-                           "unit_decoder": None, "ada_decoder": None, "left_out": {}}
+                           "unit_decoder": None, "ada_decoder": None, "left_out": {}, "rules": {},
+                           "rule_decoders": {}}
     thr_grid = sorted(_grid(e.threshold_grid, "threshold_grid"), reverse=True)  # conservative first
     prec_grid = sorted(_grid(e.precision_grid, "precision_grid"), reverse=True)
     margin_grid = sorted(_grid(e.margin_grid, "margin_grid"), reverse=True)
@@ -96,6 +98,11 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
             policies.append(Policy(name, ablations.of(pcfg.ablation).label, "specee", "target_precision" if per_layer else "threshold",
                                    prec_grid if per_layer else thr_grid, bank=bank_key, schedule=dec.schedule,
                                    can_exit=list(dec.can_exit), per_layer=per_layer, mode=pcfg.ablation.mode))
+        elif spec.exit_rule is not None:  # a registered exit rule: its knob, its grid (conservative first)
+            parts["rules"][name] = dec.rule
+            parts["rule_decoders"][name] = dec
+            policies.append(Policy(name, ablations.of(pcfg.ablation).label, "rule", dec.rule.knob,
+                                   [float(v) for v in dec.rule.grid], mode=pcfg.ablation.mode, rule=dec.rule))
         else:  # AdaInfer
             kind = pcfg.ablation.classifier
             parts[kind] = dec.svm
@@ -121,6 +128,8 @@ def set_operating_point(decoder, policy: Policy, value: float, thresholds, kv_po
                                                  else (1.0 if t > 0 else 0.0) for t in thr])
     elif policy.kind == "specee":
         decoder.predictors.set_threshold(float(value))
+    elif policy.rule is not None:
+        decoder.value = float(value)
     elif policy.kind == "svm":
         decoder.svm.margin = float(value)
     else:

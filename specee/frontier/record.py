@@ -14,6 +14,8 @@ which the dense prefill emits; a scored continuation's positions, the context's 
   the score at a layer does not depend on which other layers were evaluated), NaN where the bank
   has no predictor;
 - ``svm`` / ``crf`` (T, L): AdaInfer's SVM margin and its CRF's filtered P(stop | layers 0..l);
+- ``rules[name]`` (T, L): each exit rule's score (:mod:`specee.exit_rules`, the rule's own
+  ``layer_scores``), NaN at the last layer (it never decides);
 - ``logp`` (T, L): the log-probability of the scored token at each layer (scoring requests).
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ class LayerRecord:
     scores: dict = field(default_factory=dict)  # bank name -> (T, L) float32 logits (NaN: no predictor)
     svm: np.ndarray | None = None  # (T, L) SVM margin (w.x + b)
     crf: np.ndarray | None = None  # (T, L) P(stop | layers 0..l)
+    rules: dict = field(default_factory=dict)  # exit rule name -> (T, L) score (NaN at the last layer)
     logp: np.ndarray | None = None  # (T, L) log p_l(target)
     targets: np.ndarray | None = None  # (T,) the scored tokens (scoring requests)
     exitable: np.ndarray | None = None  # (T,) bool: False where the step has no draft history (dense)
@@ -54,14 +57,15 @@ class LayerRecord:
 
 @torch.inference_mode()
 def record_request(rt, draft, banks: dict, k: int, ids: torch.Tensor, first: int,
-                   targets: list[int] | None = None, svm=None, crf=None) -> LayerRecord:
+                   targets: list[int] | None = None, svm=None, crf=None, rules=None) -> LayerRecord:
     """Run ``ids`` (1 x N) through every layer once; record decode steps ``first..N-1`` (the token
     at position j is run, predicting position j+1). ``targets``: the scored token per step."""
-    return record_requests(rt, draft, banks, k, [(ids, first, targets)], svm, crf)[0]
+    return record_requests(rt, draft, banks, k, [(ids, first, targets)], svm, crf, rules)[0]
 
 
 @torch.inference_mode()
-def record_requests(rt, draft, banks: dict, k: int, requests: list[tuple], svm=None, crf=None) -> list[LayerRecord]:
+def record_requests(rt, draft, banks: dict, k: int, requests: list[tuple], svm=None, crf=None,
+                    rules=None) -> list[LayerRecord]:
     """:func:`record_request` for several ``(ids, first, targets)`` at once (a task item's choices):
     each sequence runs through the layers on its own, but each layer's LM head reads all their
     decode steps in one product. On a CPU the LM head at every layer is most of a record's cost,
@@ -83,10 +87,20 @@ def record_requests(rt, draft, banks: dict, k: int, requests: list[tuple], svm=N
     logp = np.zeros((T, L), dtype=np.float32) if scored else None
     tgt = torch.tensor([t for r in requests for t in r[2]], device=rt.device) if scored else None
     feats_ada, layer_logits = [], []
+    rules = rules or {}
+    rule_out = {n: np.full((T, L), np.nan, dtype=np.float32) for n in rules}
+    rows_of = lambda: torch.cat([s["h"][0, s["first"]:] for s in seqs])  # noqa: E731  (T, d) decode steps
+    h_prev = rows_of() if rules else None  # layer 0's input: the embeddings
     for i in range(L):
         for s in seqs:
             s["h"] = rt.run_layer(i, s["h"], s["rope"], s["cache"], None, s["pos"])
-        logits = rt.logits(torch.cat([s["h"][0, s["first"]:] for s in seqs])).float()  # (T, V)
+        rows = rows_of()
+        logits = rt.logits(rows).float()  # (T, V)
+        if i < L - 1:
+            for n, rule in rules.items():
+                rule_out[n][:, i] = rule.layer_scores(i, h_prev, rows, logits if rule.reads_head else None) \
+                    .float().cpu().numpy()
+        h_prev = rows
         argmax[:, i] = logits.argmax(-1).cpu().numpy()
         if tgt is not None:
             logp[:, i] = torch.log_softmax(logits, -1).gather(-1, tgt[:, None])[:, 0].cpu().numpy()
@@ -130,29 +144,32 @@ def record_requests(rt, draft, banks: dict, k: int, requests: list[tuple], svm=N
         recs.append(LayerRecord(argmax[lo:hi], spec[lo:hi], {n: v[lo:hi] for n, v in scores.items()},
                                 svm=None if svm_out is None else svm_out[lo:hi],
                                 crf=None if crf_out is None else crf_out[lo:hi],
+                                rules={n: v[lo:hi] for n, v in rule_out.items()},
                                 logp=None if logp is None else logp[lo:hi],
                                 targets=np.asarray(targets, dtype=np.int64) if scored else None,
                                 exitable=exitable[lo:hi]))
     return recs
 
 
-def record_generation(rt, draft, banks, k, prompt_ids: torch.Tensor, tokens: list[int], svm=None, crf=None):
+def record_generation(rt, draft, banks, k, prompt_ids: torch.Tensor, tokens: list[int], svm=None, crf=None,
+                      rules=None):
     """A dense greedy generation's decode steps: prompt + tokens[:-1] teacher-forced; step t runs
     tokens[t] and predicts tokens[t+1] (tokens[0] comes from the prefill, which never exits)."""
     if len(tokens) < 2:
         return None
     ids = torch.cat([prompt_ids, torch.tensor([tokens[:-1]], device=prompt_ids.device)], 1)
-    return record_request(rt, draft, banks, k, ids, prompt_ids.shape[1], tokens[1:], svm, crf)
+    return record_request(rt, draft, banks, k, ids, prompt_ids.shape[1], tokens[1:], svm, crf, rules)
 
 
-def record_continuation(rt, draft, banks, k, ctx: list[int], cont: list[int], svm=None, crf=None):
+def record_continuation(rt, draft, banks, k, ctx: list[int], cont: list[int], svm=None, crf=None, rules=None):
     """A scored continuation: ctx + cont[:-1] teacher-forced; the context's last token is a decode
     step (``exit_at_context_end``), so every continuation token is scored by an exit decision."""
     ids = torch.tensor([ctx + cont[:-1]], device=rt.device)
-    return record_request(rt, draft, banks, k, ids, len(ctx) - 1, cont, svm, crf)
+    return record_request(rt, draft, banks, k, ids, len(ctx) - 1, cont, svm, crf, rules)
 
 
-def record_continuations(rt, draft, banks, k, pairs: list[tuple[list[int], list[int]]], svm=None, crf=None):
+def record_continuations(rt, draft, banks, k, pairs: list[tuple[list[int], list[int]]], svm=None, crf=None,
+                          rules=None):
     """:func:`record_continuation` for several (ctx, cont) pairs in one :func:`record_requests`."""
     return record_requests(rt, draft, banks, k, [(torch.tensor([ctx + cont[:-1]], device=rt.device), len(ctx) - 1, cont)
-                                                 for ctx, cont in pairs], svm, crf)
+                                                 for ctx, cont in pairs], svm, crf, rules)

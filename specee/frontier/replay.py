@@ -26,8 +26,9 @@ from specee.early_exit.predictor import logit_threshold, select_threshold
 
 @dataclass
 class Policy:
-    """One exit policy: how it decides (``kind``: specee | svm | crf), on which recorded scores,
-    and its knob swept over ``grid`` (ordered from the most conservative point to the fastest)."""
+    """One exit policy: how it decides (``kind``: specee | svm | crf | rule), on which recorded
+    scores, and its knob swept over ``grid`` (ordered from the most conservative point to the
+    fastest). ``rule``: the :class:`~specee.exit_rules.ExitRule` a ``rule`` policy decides with."""
     name: str  # the ablation it replays
     label: str
     kind: str
@@ -39,6 +40,7 @@ class Policy:
     per_layer: bool = False  # the knob picks one threshold per layer (tuned bank: target precision)
     min_fires: int = 5  # per_layer: fires a layer's threshold needs on the calibration split
     mode: str = ""  # the replayed ablation's mode (its work is counted as that mode's)
+    rule: Any = None  # kind rule: the exit rule (its scores are recorded under the policy's name)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Exits:
     pred_calls: np.ndarray
     verify_calls: np.ndarray
     delta_probes: np.ndarray
+    last_layer: int  # the stack's last layer (an exit is a layer below it)
 
 
 def layer_thresholds(policy: Policy, value: float, records: list) -> np.ndarray:
@@ -100,15 +103,19 @@ def replay(rec, policy: Policy, thr: np.ndarray | float) -> Exits:
                         probes[t] += 1
             layer[t] = exit_at
             policy.schedule.record(state, exit_at)
-    else:  # AdaInfer: every layer below the last decides on its own full head
-        fire = (rec.svm > thr) if policy.kind == "svm" else (rec.crf > thr)
+    else:  # AdaInfer and the exit rules: every layer below the last decides on its own
+        if policy.rule is not None:
+            with np.errstate(invalid="ignore"):  # NaN at the last layer, which never decides
+                fire = np.asarray(policy.rule.fires(rec.rules[policy.name], thr), dtype=bool)
+        else:
+            fire = (rec.svm > thr) if policy.kind == "svm" else (rec.crf > thr)
         fire[:, L - 1] = False
         fire &= rec.exitable[:, None]
         any_fire = fire.any(1)
         layer = np.where(any_fire, fire.argmax(1), L - 1)
         pred = np.where(rec.exitable, np.where(any_fire, layer + 1, L - 1), 0)
     token = rec.argmax[np.arange(T), layer]
-    return Exits(layer, token, pred, ver, probes)
+    return Exits(layer, token, pred, ver, probes, L - 1)
 
 
 def oracle_exits(rec, order: np.ndarray | None = None) -> Exits:
@@ -123,7 +130,7 @@ def oracle_exits(rec, order: np.ndarray | None = None) -> Exits:
         layer[order] = 0
     token = rec.argmax[np.arange(T), layer]
     z = np.zeros(T, dtype=np.int64)
-    return Exits(layer, token, z, z, z)
+    return Exits(layer, token, z, z, z, L - 1)
 
 
 def oracle_orders(records: list, budget: float) -> list[np.ndarray]:
@@ -143,22 +150,26 @@ def oracle_orders(records: list, budget: float) -> list[np.ndarray]:
     return [np.asarray(o, dtype=np.int64) for o in out]
 
 
-def trace_of(ex: Exits, kind: str) -> list[dict]:
+def trace_of(ex: Exits, policy: Policy) -> list[dict]:
     """The step traces :func:`specee.bench.cost_model.count_work` reads, from replayed exits. Host
     reads as the decoder does them: SpecEE reads its speculative set, each predictor decision,
-    each verification argmax and the emitted token; AdaInfer each decision and the token."""
+    each verification argmax and the emitted token; AdaInfer and an exit rule each decision and the
+    token. An exit rule that does not read the LM head runs one where it exits (``emit_heads``)."""
     out = []
+    emit_head = policy.rule is not None and not policy.rule.reads_head
     for e, p, v, d in zip(ex.layer.tolist(), ex.pred_calls.tolist(), ex.verify_calls.tolist(),
                           ex.delta_probes.tolist()):
-        syncs = p + 1 + (1 + v if kind == "specee" else 0)
-        out.append({"exit_layer": e, "layers": e + 1, "pred_calls": p, "verify_calls": v, "delta_probes": d,
-                    "syncs": syncs})
+        syncs = p + 1 + (1 + v if policy.kind == "specee" else 0)
+        t = {"exit_layer": e, "layers": e + 1, "pred_calls": p, "verify_calls": v, "delta_probes": d, "syncs": syncs}
+        if emit_head:
+            t["emit_heads"] = int(e < ex.last_layer)
+        out.append(t)
     return out
 
 
-def as_generations(exits: list[Exits], kind: str) -> list:
+def as_generations(exits: list[Exits], policy: Policy) -> list:
     """Replayed exits in the shape of decoder Generations (tokens, trace) for the cost model."""
-    return [SimpleNamespace(tokens=[0] + ex.token.tolist(), trace=trace_of(ex, kind)) for ex in exits]
+    return [SimpleNamespace(tokens=[0] + ex.token.tolist(), trace=trace_of(ex, policy)) for ex in exits]
 
 
 def generation_metrics(records: list, exits: list[Exits]) -> dict:

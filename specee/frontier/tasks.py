@@ -42,7 +42,8 @@ class RecordingLM(SpeceeLM):
 
     def _record_pairs(self, pairs):
         return record_continuations(self.rt, self.parts["draft"], self.parts["banks"], self.k,
-                                    [self._fit_pair(*p) for p in pairs], self.parts.get("svm"), self.parts.get("crf"))
+                                    [self._fit_pair(*p) for p in pairs], self.parts.get("svm"), self.parts.get("crf"),
+                                    self.parts.get("rules"))
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         # a multiple-choice item's requests share their context: recorded together, one LM head
@@ -207,4 +208,4 @@ def _dense_exits(rec):
     from specee.frontier.replay import Exits
     T, L = rec.argmax.shape
     z = np.zeros(T, dtype=np.int64)
-    return Exits(np.full(T, L - 1), rec.final, z, z, z)
+    return Exits(np.full(T, L - 1), rec.final, z, z, z, L - 1)

@@ -1,0 +1,101 @@
+"""The decoder of every registered exit rule (:mod:`specee.exit_rules`): after each layer below the
+last the rule scores the layer's state, and the token exits at the first layer whose score passes
+the knob, emitting that layer's argmax (no draft, no verification: as CALM decodes). What an exit
+leaves in the skipped layers' K/V is ``early_exit.kv_policy``, as for SpecEE and AdaInfer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits
+from specee.early_exit.kv_policy import fill_skipped
+from specee.exit_rules import ExitRule
+from specee.runtime import LayerKVCache, LayerwiseLM
+
+
+@dataclass
+class ExitRuleSession:
+    cache: LayerKVCache
+    token: torch.Tensor  # last emitted token (on the runtime's device)
+
+
+class ExitRuleDecoder(LoopDecoder):
+    def __init__(self, rt: LayerwiseLM, rule: ExitRule, value: float, *, kv_policy: str = "holes"):
+        self.rt, self.rule, self.value, self.kv_policy = rt, rule.to(rt.device), float(value), kv_policy
+        self.name = rule.name
+        self.eligible = [i < rt.num_layers - 1 for i in range(rt.num_layers)]
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids, max_new_tokens: int):
+        rt = self.rt
+        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
+        token = rt.logits(rt.forward(prompt_ids, cache)[:, -1:])[0, -1].argmax()
+        return ExitRuleSession(cache, token), int(token)
+
+    @torch.inference_mode()
+    def step(self, s: ExitRuleSession) -> Step:
+        timer = self.timer()
+        timer.start()
+        s.token, exit_layer, _, trace = self.decode_one_token(s.token, s.cache, timer)
+        return Step([timer.host_int(s.token)], exit_layer, trace | timer.trace())
+
+    def decide(self, i: int, h_prev: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decision after layer ``i`` on (1, 1, d) states: (fire as a device bool, the layer's
+        logits where the rule read them)."""
+        logits = self.rt.logits(h)[0] if self.rule.reads_head else None
+        score = self.rule.layer_scores(i, h_prev[0], h[0], logits)[0]
+        return self.rule.fires(score, self.value), (None if logits is None else logits[0])
+
+    @torch.inference_mode()
+    def decode_one_token(self, token, cache, timer: PhaseTimer):
+        """Returns (next token on the device, exit layer, the exit layer's logits, counters)."""
+        rt = self.rt
+        pos = rt.positions(cache, 1)
+        h = rt.embed(token.view(1, 1))
+        rope = rt.rope(h, pos, cache.seq_len)
+        calls, prev = [0], [h]
+
+        def exit_test(i, h):
+            fire, logits = self.decide(i, prev[0], h)
+            prev[0] = h
+            calls[0] += 1
+            fired = timer.host_bool(fire)
+            timer.lap("predictors")
+            if not fired:
+                return None
+            return logits if logits is not None else rt.logits(h)[0, 0]  # the head that emits the token
+
+        exit_layer, h, logits = rt.walk(h, rope, cache, pos, None, self.eligible, exit_test, timer)
+        exited = logits is not None
+        if not exited:
+            logits = rt.logits(h)[0, 0]
+            timer.lap("layers")
+        cache.seq_len += 1
+        fill_skipped(rt, cache, h, exit_layer, rope, self.kv_policy)
+        timer.lap("layers")
+        trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "pred_calls": calls[0], "verify_calls": 0,
+                 "emit_heads": int(exited and not self.rule.reads_head)}
+        return logits.argmax(), exit_layer, logits, trace
+
+    @torch.inference_mode()
+    def score(self, context_ids: torch.Tensor, continuation: list[int],
+              exit_at_context_end: bool = True) -> Score:
+        """Teacher forcing; each position's log-probs come from the layer the rule exited at
+        (``exit_at_context_end``: as in SpecEEDecoder.score)."""
+        rt = self.rt
+        cache = rt.new_cache(context_ids.shape[1] + len(continuation))
+        steps = list(continuation[:-1])
+        rows, layers = [], []
+        if exit_at_context_end and context_ids.shape[1] > 1:
+            rt.forward(context_ids[:, :-1], cache)
+            steps = [int(context_ids[0, -1])] + steps
+        else:
+            rows, layers = [rt.logits(rt.forward(context_ids, cache)[:, -1:])[0, -1]], [rt.num_layers]
+        timer = self.timer()
+        ids = torch.tensor(steps, device=rt.device)
+        for j in range(len(steps)):
+            _, exit_layer, logits, _ = self.decode_one_token(ids[j], cache, timer)
+            rows.append(logits)
+            layers.append(exit_layer + 1)
+        return score_from_logits(torch.stack(rows), continuation, layers)
