@@ -25,7 +25,7 @@ def _cfg(*over):
 
 
 def test_every_rule_is_a_mode_with_its_ablation_and_a_grid_from_the_conservative_end():
-    assert {"calm_softmax", "calm_saturation"} <= set(RULES)
+    assert {"calm_softmax", "calm_saturation", "calm_classifier"} <= set(RULES)
     for name in RULES:
         rule = registered()[name]
         spec = modes.spec(name)
@@ -84,11 +84,14 @@ def test_calm_scores_are_the_measures_the_paper_defines(rule_setup):
         a, b = hs[i + 1][0, first:].double().numpy(), hs[i][0, first:].double().numpy()
         cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
         np.testing.assert_allclose(rec.rules["calm_saturation"][:, i], cos, atol=2e-5)
+        clf = decs["calm_classifier"].rule
+        z = a / np.linalg.norm(a, axis=-1, keepdims=True) @ clf.w.double().numpy() + clf.b
+        np.testing.assert_allclose(rec.rules["calm_classifier"][:, i], 1 / (1 + np.exp(-z)), atol=2e-5)
     for name in RULES:  # the last layer never decides
         assert np.isnan(rec.rules[name][:, -1]).all() and not np.isnan(rec.rules[name][:, :-1]).any()
 
 
-@pytest.mark.parametrize("name", ["calm_softmax", "calm_saturation"])
+@pytest.mark.parametrize("name", ["calm_softmax", "calm_saturation", "calm_classifier"])
 @pytest.mark.parametrize("at", [0, 3, -1])
 def test_replayed_exits_equal_the_real_decoders_until_the_first_exit(rule_setup, name, at):
     """Replay and the decoder take the same decision (the rule's own scores and fires): exit layer,
@@ -128,7 +131,8 @@ def test_a_rule_that_always_fires_emits_layer_zeros_argmax(rule_setup):
     assert replay(recs[0], _policy("calm_softmax", dec.rule), -1.0).layer.max() == 0
 
 
-@pytest.mark.parametrize("name, heads_where_exit", [("calm_softmax", 0), ("calm_saturation", 1)])
+@pytest.mark.parametrize("name, heads_where_exit", [("calm_softmax", 0), ("calm_saturation", 1),
+                                                    ("calm_classifier", 1)])
 def test_the_cost_model_prices_each_decision_once_and_the_head_an_exit_needs(rule_setup, name, heads_where_exit):
     from specee.bench import cost_model as cm
     from specee.decoding.dense import DenseDecoder
@@ -149,3 +153,45 @@ def test_the_cost_model_prices_each_decision_once_and_the_head_an_exit_needs(rul
     assert "rule_probe" in units["median_us"]
     t, parts = cm.modelled_time_us(c, units["median_us"])
     assert parts["rule_probe"] == pytest.approx(c["rule_probes"] * units["median_us"]["rule_probe"])
+
+
+# -- CALM's learned classifier: fitted, and its artifact checked as the others are ----------------
+def test_the_classifier_fit_recovers_a_separating_direction():
+    from specee.exit_rules.calm_classifier import LearnedClassifier
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=16)
+    x = rng.normal(size=(4000, 16))
+    y = (x @ u > 0.3).astype(np.int64)
+    rule = LearnedClassifier.fit(x[:3000], y[:3000])
+    prob = rule.layer_scores(0, None, torch.as_tensor(x[3000:]), None).numpy()  # features: the direction
+    # the direction of x is what it reads, and the label here depends on x's scale too: not perfect
+    assert ((prob > 0.5) == y[3000:]).mean() > 0.85
+    flat = LearnedClassifier.fit(x[:3000], np.zeros(3000, dtype=np.int64))
+    assert (flat.layer_scores(0, None, torch.as_tensor(x[3000:]), None).numpy() < 0.1).all()
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("missing", "experiment=train_exit_rules"),
+    ("short", "finite numbers (this model's hidden size)"),
+    ("other_model", "trained for another base model"),
+    ("not_json", "calm_classifier.json"),
+])
+def test_a_bad_classifier_artifact_is_refused_in_one_line(rule_setup, tmp_path, damage, says):
+    import json
+    from omegaconf import OmegaConf
+    from specee.errors import SpeceeError
+    from specee.exit_rules.calm_classifier import FILE, LearnedClassifier
+    rt = rule_setup[0]
+    good = json.loads((ROOT / "specee" / "artifacts" / "tiny_exit_rules" / FILE).read_text())
+    if damage == "short":
+        good["coef"] = good["coef"][:-1]
+    elif damage == "other_model":
+        good["base_weights_fingerprint"] = "0" * 64
+    if damage == "not_json":
+        (tmp_path / FILE).write_text("{ not json")
+    elif damage != "missing":
+        (tmp_path / FILE).write_text(json.dumps(good))
+    cfg = OmegaConf.create({"early_exit": {"exit_rules_path": str(tmp_path)}})
+    with pytest.raises(SpeceeError) as err:
+        LearnedClassifier.load(cfg, rt)
+    assert says in str(err.value) and "\n" not in str(err.value)

@@ -84,6 +84,8 @@ class EarlyExitConfig:
     calibration: str = "global"
     predictors_path: str = "${model.artifacts}/${model.name}_predictors"
     adainfer_path: str = "${model.artifacts}/${model.name}_adainfer"
+    # what the exit rules that fit something were fitted into (experiment=train_exit_rules)
+    exit_rules_path: str = "${model.artifacts}/${model.name}_exit_rules"
 
 
 @dataclass
@@ -337,6 +339,16 @@ class TrainPredictorsExperiment:
 
 
 @dataclass
+class TrainExitRulesExperiment:
+    """Fit the exit rules that fit something (specee/exit_rules/) on the predictors' training prompts."""
+    facts: ClassVar[Recipe] = Recipe(loads_model=True, context_budgets=("experiment.calibration.max_new_tokens",))
+    _target_: str = "experiments.train_exit_rules.run"
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)  # as train_predictors
+    held_out_share: float = 0.2  # of prompts
+    max_samples: int = 40000  # (step, layer) rows per split, drawn at random
+
+
+@dataclass
 class DraftVocabExperiment:
     """The draft head's reduced-vocabulary table (draft.vocab_size=N reads it)."""
     facts: ClassVar[Recipe] = Recipe(loads_model=True, needs_draft=True)
@@ -549,6 +561,7 @@ SCHEMAS = {
     ("experiment", "train_base_schema"): TrainBaseExperiment,
     ("experiment", "train_draft_schema"): TrainDraftExperiment,
     ("experiment", "train_predictors_schema"): TrainPredictorsExperiment,
+    ("experiment", "train_exit_rules_schema"): TrainExitRulesExperiment,
     ("experiment", "accuracy_schema"): AccuracyExperiment,
     ("experiment", "profile_exits_schema"): ProfileExitsExperiment,
     ("experiment", "draft_vocab_schema"): DraftVocabExperiment,

@@ -65,6 +65,10 @@ class ExitRule:
         """The exit decision at knob ``value`` (device tensors in the decoder, arrays in replay)."""
         return scores > value
 
+    def trained_on(self) -> list[str]:
+        """The prompt ids it was fitted on (an evaluation leaves them out)."""
+        return []
+
     def card(self) -> dict:
         """What a result says about the rule."""
         return {"rule": self.name, "label": self.label, "knob": self.knob, "reads_head": self.reads_head,

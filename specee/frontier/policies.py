@@ -100,6 +100,7 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
                                    can_exit=list(dec.can_exit), per_layer=per_layer, mode=pcfg.ablation.mode))
         elif spec.exit_rule is not None:  # a registered exit rule: its knob, its grid (conservative first)
             parts["rules"][name] = dec.rule
+            parts["calibration_prompt_ids"] |= set(dec.rule.trained_on())
             parts["rule_decoders"][name] = dec
             policies.append(Policy(name, ablations.of(pcfg.ablation).label, "rule", dec.rule.knob,
                                    [float(v) for v in dec.rule.grid], mode=pcfg.ablation.mode, rule=dec.rule))
