@@ -425,3 +425,19 @@ def test_the_tuned_thresholds_are_fitted_on_the_fit_split_only(tiny_setup, monke
     c = frontier.evaluate_point(pol, 0.7, recs[2:], recs[:1], recs[1:2], {}, {}, rt.num_layers)
     assert a["thresholds"] == b["thresholds"]
     assert a["thresholds"] != c["thresholds"]
+
+
+def test_closest_to_the_reference_names_the_fastest_point_within_the_budget_and_the_certified_one():
+    from specee.frontier.pages import closest_to_oracle
+
+    def row(value, loss, speed):
+        return {"value": value, "test": {"per_request_loss": [loss, loss], "modelled_speedup": speed}}
+    m = {"curves": {"a": [row(0.9, 0.0, 0.8), row(0.5, 0.004, 1.1), row(0.2, 0.2, 3.0)],
+                    "b": [row(0.9, 0.0, 0.9), row(0.5, 0.02, 2.0)]},
+         "policies": {"a": {"label": "A", "knob": "threshold"}, "b": {"label": "B", "knob": "threshold"}},
+         "calibration": {"a": {"chosen": 0, "modelled_speedup": 0.8}, "b": {"chosen": None}}}
+    line = closest_to_oracle(m, 0.01, {"modelled_speedup": 1.5})
+    assert "**A** at threshold = 0.5, 1.100×" in line and "1.500×" in line and "A's (0.800× modelled)" in line
+    m["calibration"]["a"]["chosen"] = None
+    assert "no policy is certified" in closest_to_oracle(m, 0.01, {"modelled_speedup": 1.5})
+    assert "no policy has a grid point" in closest_to_oracle(m, -1, {"modelled_speedup": 1.5})
