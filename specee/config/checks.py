@@ -38,7 +38,7 @@ LIMITS: dict[type, dict[str, tuple]] = {
     PlacementConfig: {"m": (1, INT_MAX), "coverage": (0.0, 1.0), "n_history": (1, INT_MAX)},
     RuntimeConfig: {"max_block": (1, INT_MAX)},
     AblationConfig: {"tree_max_nodes": (1, 63), "tree_calibration_prompts": (1, 200), "ngram_size": (1, 16),
-                     "lookup_calibration_prompts": (1, 200)},
+                     "lookup_calibration_prompts": (1, 200), "exit_value": (-1.0, 1.0)},
     DatasetConfig: {"max_new_tokens": (1, INT_MAX), "turns": (1, INT_MAX)},
     SpeedExperiment: {"repeats": (1, INT_MAX), "cost_rounds": (0, 10_000)},
     TrainBaseExperiment: {**{k: (1, INT_MAX) for k in (

@@ -134,8 +134,9 @@ class AblationConfig:
     # specee: where the speculative token set comes from. draft: the EAGLE head's top-k;
     # prompt_lookup: from the text so far when an n-gram matches (no draft cost), the head otherwise
     speculation: str = "draft"
-    # exit-rule modes (specee/exit_rules/, e.g. calm_softmax): the rule's knob; null: its default
-    exit_value: Any = None
+    # exit-rule modes (specee/exit_rules/, e.g. calm_softmax): the rule's knob (CALM's: a confidence
+    # in [-1, 1]); null: the rule's default
+    exit_value: Optional[float] = None
     # adainfer: the exit classifier over [gap, top_prob] of each layer's LM head, as AdaInfer's paper
     # describes both: svm (one linear SVM, each layer on its own) | crf (a linear-chain CRF over the
     # sequence of layers, deciding online from the layers so far); both from experiment=train_predictors
