@@ -195,3 +195,21 @@ def test_a_bad_classifier_artifact_is_refused_in_one_line(rule_setup, tmp_path, 
     with pytest.raises(SpeceeError) as err:
         LearnedClassifier.load(cfg, rt)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_scoring_a_continuation_reads_the_exit_layers_log_probs(rule_setup):
+    """experiment=accuracy scores through the rule: a rule that never fires scores as dense does; one
+    that fires at the first layer scores every position from layer 0."""
+    from specee.decoding.dense import DenseDecoder
+    rt, decs, prompts, gens, recs = rule_setup
+    dec = decs["calm_softmax"]
+    cont = gens[0][:6]
+    dense = DenseDecoder(rt).score(prompts[0], cont)
+    dec.value = 2.0  # p1 - p2 <= 1: never fires
+    never = dec.score(prompts[0], cont)
+    np.testing.assert_allclose(never.logprobs, dense.logprobs, atol=1e-4)
+    assert never.layers == [rt.num_layers] * len(cont)
+    dec.value = -1.0
+    first = dec.score(prompts[0], cont)
+    assert first.layers == [1] * len(cont)
+    assert not np.allclose(first.logprobs, dense.logprobs, atol=1e-3)

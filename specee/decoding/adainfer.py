@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from specee.cards import read_card
-from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits
+from specee.decoding.base import LoopDecoder, PhaseTimer, ScoresStepByStep, Step
 from specee.early_exit.features import adainfer_features
 from specee.early_exit.kv_policy import fill_skipped
 from specee.errors import SpeceeError
@@ -201,7 +201,7 @@ class AdaInferSession:
     token: torch.Tensor  # last emitted token (on the runtime's device)
 
 
-class AdaInferDecoder(LoopDecoder):
+class AdaInferDecoder(ScoresStepByStep, LoopDecoder):
     name = "adainfer"
 
     def __init__(self, rt: LayerwiseLM, svm: AdaInferSVM, *, kv_policy: str = "holes"):
@@ -248,25 +248,3 @@ class AdaInferDecoder(LoopDecoder):
         timer.lap("layers")
         trace = {"exit_layer": exit_layer, "layers": exit_layer + 1, "pred_calls": calls[0], "verify_calls": 0}
         return logits.argmax(), exit_layer, logits, trace
-
-    @torch.inference_mode()
-    def score(self, context_ids: torch.Tensor, continuation: list[int],
-              exit_at_context_end: bool = True) -> Score:
-        """Teacher forcing; each position's log-probs come from the layer the SVM exited at
-        (``exit_at_context_end``: as in SpecEEDecoder.score)."""
-        rt = self.rt
-        cache = rt.new_cache(context_ids.shape[1] + len(continuation))
-        steps = list(continuation[:-1])
-        rows, layers = [], []
-        if exit_at_context_end and context_ids.shape[1] > 1:
-            rt.forward(context_ids[:, :-1], cache)
-            steps = [int(context_ids[0, -1])] + steps
-        else:
-            rows, layers = [rt.logits(rt.forward(context_ids, cache)[:, -1:])[0, -1]], [rt.num_layers]
-        timer = self.timer()
-        ids = torch.tensor(steps, device=rt.device)
-        for j in range(len(steps)):
-            _, exit_layer, logits, _ = self.decode_one_token(ids[j], cache, timer)
-            rows.append(logits)
-            layers.append(exit_layer + 1)
-        return score_from_logits(torch.stack(rows), continuation, layers)

@@ -279,6 +279,33 @@ class LoopDecoder:
         return generate(self, prompt_ids, max_new_tokens, eos_id, stop)
 
 
+class ScoresStepByStep:
+    """``score`` for a decoder whose ``decode_one_token(token, cache, timer)`` returns (token, exit
+    layer, the exit layer's logits, trace): teacher forcing, each position's log-probs from the
+    layer it exited at (``exit_at_context_end``: the context's last token is a decision too, as in
+    SpecEEDecoder.score)."""
+
+    @torch.inference_mode()
+    def score(self, context_ids: torch.Tensor, continuation: list[int],
+              exit_at_context_end: bool = True) -> "Score":
+        rt = self.rt
+        cache = rt.new_cache(context_ids.shape[1] + len(continuation))
+        steps = list(continuation[:-1])
+        rows, layers = [], []
+        if exit_at_context_end and context_ids.shape[1] > 1:
+            rt.forward(context_ids[:, :-1], cache)
+            steps = [int(context_ids[0, -1])] + steps
+        else:
+            rows, layers = [rt.logits(rt.forward(context_ids, cache)[:, -1:])[0, -1]], [rt.num_layers]
+        timer = self.timer()
+        ids = torch.tensor(steps, device=rt.device)
+        for j in range(len(steps)):
+            _, exit_layer, logits, _ = self.decode_one_token(ids[j], cache, timer)
+            rows.append(logits)
+            layers.append(exit_layer + 1)
+        return score_from_logits(torch.stack(rows), continuation, layers)
+
+
 @dataclass
 class Score:
     """Teacher-forced scoring of a continuation: per-token log-probs from the layer that emitted."""
