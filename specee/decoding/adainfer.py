@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specee.cards import read_card
-from specee.decoding.base import LoopDecoder, PhaseTimer, ScoresStepByStep, Step
+from specee.decoding.base import DecidesAfterEachLayer, LoopDecoder, PhaseTimer
 from specee.early_exit.features import adainfer_features
 from specee.early_exit.kv_policy import fill_skipped
 from specee.errors import SpeceeError
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime import LayerwiseLM
 
 CARD = "adainfer_svm.json"
 CRF_CARD = "adainfer_crf.json"
@@ -195,32 +194,12 @@ def standin_classifier(kind: str):
     return AdaInferSVM([1.0, 1.0], -1.5, {"synthetic": "fixed random-init stand-in"})
 
 
-@dataclass
-class AdaInferSession:
-    cache: LayerKVCache
-    token: torch.Tensor  # last emitted token (on the runtime's device)
-
-
-class AdaInferDecoder(ScoresStepByStep, LoopDecoder):
+class AdaInferDecoder(DecidesAfterEachLayer, LoopDecoder):
     name = "adainfer"
 
     def __init__(self, rt: LayerwiseLM, svm: AdaInferSVM, *, kv_policy: str = "holes"):
         self.rt, self.svm, self.kv_policy = rt, svm.to(rt.device), kv_policy
         self.eligible = [i < rt.num_layers - 1 for i in range(rt.num_layers)]
-
-    @torch.inference_mode()
-    def prefill(self, prompt_ids, max_new_tokens: int):
-        rt = self.rt
-        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
-        token = rt.logits(rt.forward(prompt_ids, cache)[:, -1:])[0, -1].argmax()
-        return AdaInferSession(cache, token), int(token)
-
-    @torch.inference_mode()
-    def step(self, s: AdaInferSession) -> Step:
-        timer = self.timer()
-        timer.start()
-        s.token, exit_layer, _, trace = self.decode_one_token(s.token, s.cache, timer)
-        return Step([timer.host_int(s.token)], exit_layer, trace | timer.trace())
 
     @torch.inference_mode()
     def decode_one_token(self, token, cache, timer: PhaseTimer):

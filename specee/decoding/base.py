@@ -279,11 +279,32 @@ class LoopDecoder:
         return generate(self, prompt_ids, max_new_tokens, eos_id, stop)
 
 
-class ScoresStepByStep:
-    """``score`` for a decoder whose ``decode_one_token(token, cache, timer)`` returns (token, exit
-    layer, the exit layer's logits, trace): teacher forcing, each position's log-probs from the
-    layer it exited at (``exit_at_context_end``: the context's last token is a decision too, as in
-    SpecEEDecoder.score)."""
+@dataclass
+class TokenSession:
+    cache: Any  # the runtime's per-layer K/V cache
+    token: torch.Tensor  # last emitted token (on the runtime's device)
+
+
+class DecidesAfterEachLayer:
+    """``prefill``, ``step`` and ``score`` for a decoder that decides after each layer on its own,
+    with no draft (AdaInfer, the exit rules): it supplies ``decode_one_token(token, cache, timer)``
+    returning (token, exit layer, the exit layer's logits, trace). ``score`` is teacher forcing, each
+    position's log-probs from the layer it exited at (``exit_at_context_end``: the context's last
+    token is a decision too, as in SpecEEDecoder.score)."""
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids, max_new_tokens: int):
+        rt = self.rt
+        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
+        token = rt.logits(rt.forward(prompt_ids, cache)[:, -1:])[0, -1].argmax()
+        return TokenSession(cache, token), int(token)
+
+    @torch.inference_mode()
+    def step(self, s: TokenSession) -> "Step":
+        timer = self.timer()
+        timer.start()
+        s.token, exit_layer, _, trace = self.decode_one_token(s.token, s.cache, timer)
+        return Step([timer.host_int(s.token)], exit_layer, trace | timer.trace())
 
     @torch.inference_mode()
     def score(self, context_ids: torch.Tensor, continuation: list[int],

@@ -4,41 +4,20 @@ the knob, emitting that layer's argmax (no draft, no verification: as CALM decod
 leaves in the skipped layers' K/V is ``early_exit.kv_policy``, as for SpecEE and AdaInfer."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
-from specee.decoding.base import LoopDecoder, PhaseTimer, ScoresStepByStep, Step
+from specee.decoding.base import DecidesAfterEachLayer, LoopDecoder, PhaseTimer
 from specee.early_exit.kv_policy import fill_skipped
 from specee.exit_rules import ExitRule
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime import LayerwiseLM
 
 
-@dataclass
-class ExitRuleSession:
-    cache: LayerKVCache
-    token: torch.Tensor  # last emitted token (on the runtime's device)
-
-
-class ExitRuleDecoder(ScoresStepByStep, LoopDecoder):
+class ExitRuleDecoder(DecidesAfterEachLayer, LoopDecoder):
     def __init__(self, rt: LayerwiseLM, rule: ExitRule, value: float, *, kv_policy: str = "holes"):
         self.rt, self.rule, self.value, self.kv_policy = rt, rule.to(rt.device), float(value), kv_policy
         self.name = rule.name
         self.eligible = [i < rt.num_layers - 1 for i in range(rt.num_layers)]
-
-    @torch.inference_mode()
-    def prefill(self, prompt_ids, max_new_tokens: int):
-        rt = self.rt
-        cache = rt.new_cache(prompt_ids.shape[1] + max_new_tokens)
-        token = rt.logits(rt.forward(prompt_ids, cache)[:, -1:])[0, -1].argmax()
-        return ExitRuleSession(cache, token), int(token)
-
-    @torch.inference_mode()
-    def step(self, s: ExitRuleSession) -> Step:
-        timer = self.timer()
-        timer.start()
-        s.token, exit_layer, _, trace = self.decode_one_token(s.token, s.cache, timer)
-        return Step([timer.host_int(s.token)], exit_layer, trace | timer.trace())
 
     def decide(self, i: int, h_prev: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decision after layer ``i`` on (1, 1, d) states: (fire as a device bool, the layer's
