@@ -40,8 +40,7 @@ class LearnedClassifier(ExitRule):
         return self
 
     def layer_scores(self, i, h_prev, h, logits):
-        x = torch.nn.functional.normalize(h.float(), dim=-1)
-        return torch.sigmoid(x @ self.w.to(x.device) + self.b)
+        return torch.sigmoid(self.features(h) @ self.w.to(h.device) + self.b)
 
     @staticmethod
     def features(h: torch.Tensor) -> torch.Tensor:
