@@ -256,7 +256,7 @@ def run(cfg) -> dict:
             f.writelines(json.dumps(s, default=str) + "\n" for s in logged)
     extra["items"] = per_item(metrics, samples)
     m = {"accuracy": metrics, "num_layers": rt.num_layers, "mode": cfg.ablation.mode,
-         "eval_seconds": seconds}
+         "eval_seconds": seconds, "operating_point": getattr(lm.decoder, "operating_point", None)}
     if lm.prefix is not None:  # how much prompt prefill the shared prefixes saved
         m["prefix_reuse"] = {"reused_tokens": lm.prefix.reused_tokens, "prefilled_tokens": lm.prefix.prefilled_tokens}
     path = results.save(out, cfg, m, extra)

@@ -39,12 +39,13 @@ from specee.bench.speed import match_rate, paired_speedup_ci, time_sides
 from specee.decoding import build_decoder, modes
 from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError
+from specee.evaluation.lm import SpeceeLM
 from specee.frontier import calibrate, certify, pages
 from specee.frontier.policies import build_policies, policy_config, set_operating_point
 from specee.frontier.record import record_generation
 from specee.frontier.replay import (as_generations, generation_metrics, layer_thresholds, oracle_exits,
                                     oracle_orders, replay)
-from specee.frontier.tasks import record_tasks, task_point
+from specee.frontier.tasks import certify_task, record_tasks, task_point
 from specee.io import project_path
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder
@@ -171,70 +172,19 @@ def calibrate_policy(rows: list[dict], delta: float, epsilon: float, bound: str,
 
 def certify_real(pol, decoder, rt, curve: list[dict], kv_order: list[str], calib_units: list, test_units: list,
                  n_new: int, eos, delta: float, epsilon: float) -> dict:
-    """Learn-then-Test on the real decoder (specee/frontier/certify.py): hypotheses (point, K/V
-    policy), the grid's order, the configured K/V policy first at each point. The chosen hypothesis is
-    the certified one with the highest modelled speedup (the configured K/V policy on a tie: it does
-    less work); its real loss is then measured on every held-out test prompt."""
-    cache: dict = {}
-    replayed = {id(calib_units): "calibration", id(test_units): "test"}
+    """Learn-then-Test on the real decoder over the prompts (specee/frontier/certify.py
+    :func:`~specee.frontier.certify.certify_grid`): a prompt's loss is its own-context disagreement."""
+    units = {"calibration": calib_units, "test": test_units}
 
-    def run_unit_of(units):
-        def run_unit(h, u):
-            j, kv = h
-            key = (id(units), j, kv, u)
-            if key not in cache:
-                # a run with no exit fills no skipped K/V: its result is the same under any K/V policy
-                same = next((cache[k] for k in ((id(units), j, o, u) for o in kv_order) if k in cache
-                             and not cache[k]["exited"]), None)
-                if same is None and not curve[j][replayed[id(units)]]["exits"][u]:
-                    # replay is exact up to the first exit: with none, the real run is dense's, step for step
-                    same = certify.dense_result(rt, units[u])
-                if same is None:
-                    set_operating_point(decoder, pol, curve[j]["value"], curve[j]["thresholds"], kv)
-                    g = decoder.generate(units[u].ids, n_new, eos)
-                    same = certify.own_context_loss(rt, units[u], g.tokens, g.layers_run)
-                cache[key] = same
-            return cache[key]
-        return run_unit
+    def real(j, kv, half, u):
+        set_operating_point(decoder, pol, curve[j]["value"], curve[j]["thresholds"], kv)
+        g = decoder.generate(units[half][u].ids, n_new, eos)
+        return certify.own_context_loss(rt, units[half][u], g.tokens, g.layers_run)
 
-    hyps = [(j, kv) for j in range(len(curve)) for kv in kv_order]
-    bar = tqdm(desc=f"certify {pol.name} on real runs", unit="prompt", leave=False)
-    lt = certify.certify_sequence(hyps, len(calib_units), run_unit_of(calib_units), delta, epsilon,
-                                  progress=lambda: bar.update(1))
-    bar.close()
-    out = {k: v for k, v in lt.items() if k != "tested"}
-    out.update({"on": "real decoding", "kv_policies": list(kv_order), "chosen": None,
-                "tested": [{"index": t["hypothesis"][0], "value": curve[t["hypothesis"][0]]["value"],
-                            "kv_policy": t["hypothesis"][1], **{k: v for k, v in t.items() if k != "hypothesis"}}
-                           for t in lt["tested"]]})
-    certified = out["tested"][: lt["certified"]]
-    if not certified:
-        if lt["calibration_units"] < lt["units_needed_at_zero_loss"]:
-            out["why_none"] = (f"no point certified: {lt['calibration_units']} calibration prompts, and a loss of 0 "
-                               f"needs {lt['units_needed_at_zero_loss']}")
-        else:
-            t = out["tested"][0]
-            n = lt["calibration_units"]
-            p0 = calibrate.p_value(np.zeros(n), delta, lt["bound"])
-            out["why_none"] = (f"no point certified: the most conservative point ({pol.knob} = {t['value']:g}, "
-                               f"{t['kv_policy']}) lost {t['loss']:.4f} on real runs over the first {t['units_run']} "
-                               f"of {n} calibration prompts, more than {delta:g} can absorb from {n} (p at zero "
-                               f"loss {p0:.3f} against {epsilon:g})")
-        return out
-    best = max(certified, key=lambda t: (curve[t["index"]]["calibration"]["modelled_speedup"],
-                                          -kv_order.index(t["kv_policy"])))
-    run_test = run_unit_of(test_units)
-    held = [run_test((best["index"], best["kv_policy"]), u) for u in range(len(test_units))]
-    losses = np.asarray([h["loss"] for h in held])
-    lo, hi = calibrate.interval(losses, epsilon, "hoeffding_bentkus")
-    out.update({"chosen": best["index"], "value": best["value"], "kv_policy": best["kv_policy"],
-                "calibration_loss": best["loss"], "p_value": best["p_value"],
-                "test_loss": float(losses.mean()), "test_interval": [lo, hi], "test_units": len(held),
-                "test_sequence_identity": float(np.mean([h["identical"] for h in held])),
-                "held_out_within_budget": bool(losses.mean() <= delta),
-                "modelled_speedup": curve[best["index"]]["test"]["modelled_speedup"],
-                "avg_layers": sum(h["layers"] for h in held) / max(sum(h["steps"] for h in held), 1)})
-    return out
+    return certify.certify_grid(curve, pol.knob, kv_order, len(calib_units), len(test_units), real,
+                                lambda j, half, u: curve[j][half]["exits"][u],
+                                lambda half, u: certify.dense_result(rt, units[half][u]),
+                                delta, epsilon, "hoeffding_bentkus", "prompt", f"certify {pol.name} on real runs")
 
 
 def refute_policy(curve: list[dict], measured: list[dict], delta: float, epsilon: float, n_new: int) -> dict:
@@ -389,10 +339,21 @@ def run(cfg) -> dict:
         for task in tasks.values():
             task["points"] = {pol.name: [task_point(task, pol, v, fit_recs) for v in pol.grid] for pol in policies}
             task["oracle"] = task_point(task, None, 0.0, None)
-            if task["testable"]:
+            if task["testable"]:  # the replay screen at every budget, the real decoder's item loss at delta
                 task["calibration_at"] = {str(d): {pol.name: calibrate_task(task, pol, curves, d, e.epsilon)
                                                    for pol in policies} for d in deltas}
-                task["calibration"] = task["calibration_at"][str(e.delta)]
+                task["calibration"] = {}
+                for pol in policies:
+                    rows = [{**p, "thresholds": c["thresholds"],
+                             "calibration": {**p["calibration"], "modelled_speedup": c["calibration"]["modelled_speedup"]},
+                             "test": {**p["test"], "modelled_speedup": c["test"]["modelled_speedup"]}}
+                            for p, c in zip(task["points"][pol.name], curves[pol.name])]
+                    lm = SpeceeLM(decoders[pol.name], tokenizer, e.max_gen_tokens, prefix_reuse=False)
+                    task["calibration"][pol.name] = c = certify_task(task, pol, decoders[pol.name], lm, rows,
+                                                                     kv_orders[pol.name], L, e.delta, e.epsilon)
+                    print(f"  {task['name']} / {pol.name}: " + (
+                        f"certified {pol.knob} = {c['value']:g} ({c['kv_policy']}), held-out real flips "
+                        f"{c['test_loss']:.4f}" if c["chosen"] is not None else c["why_none"]))
 
     # Real runs beside dense on a stratified sample of the test prompts
     by_id = {u.id: u for u in test_units}
@@ -407,10 +368,12 @@ def run(cfg) -> dict:
         cal = calibration[pol.name]
         chosen = {c[pol.name]["chosen"] for c in screen_at.values()}
         chosen |= {c[pol.name]["chosen"] for t in tasks.values() for c in t.get("calibration_at", {}).values()}
+        chosen |= {t["calibration"][pol.name]["chosen"] for t in tasks.values() if t.get("calibration")}
         pts = []
         for j in measured_indices(len(pol.grid), e.measured_points, (chosen | {cal["chosen"]}) - {None}):
             row = curves[pol.name][j]
-            kvs = [own_kv] + ([cal["kv_policy"]] if j == cal["chosen"] and cal["kv_policy"] != own_kv else [])
+            cals = [cal] + [t["calibration"][pol.name] for t in tasks.values() if t.get("calibration")]
+            kvs = [own_kv] + sorted({c["kv_policy"] for c in cals if j == c["chosen"] and c["kv_policy"] != own_kv})
             for kv in kvs:
                 set_operating_point(decoder, pol, row["value"], row["thresholds"], kv)
                 r = timed(rt, dense, decoder, timed_units, n_new, eos, cfg.seed)
@@ -447,7 +410,7 @@ def run(cfg) -> dict:
                  "prefix, would not emit (real runs: the decoder's own context; replay: dense's)",
          "left_out": parts["left_out"],
          "policies": {p.name: {"label": p.label, "kind": p.kind, "knob": p.knob, "grid": list(p.grid),
-                                "fitted": p.per_layer}
+                                "fitted": p.per_layer, "identity": p.identity}
                       for p in policies},
          "curves": curves, "oracle": oracle, "calibration": calibration, "screen_at": screen_at,
          "refutation": refutations, "measured": measured,

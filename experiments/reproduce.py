@@ -14,6 +14,7 @@ import time
 from tqdm import tqdm
 
 from specee import ablations
+from specee.decoding.operating_point import read_frontier
 from specee.errors import SpeceeError
 from specee.io import PROJECT_ROOT, project_path
 
@@ -52,6 +53,14 @@ def skipped_sets(cfg) -> list[str]:
             if s.partition(":")[0] in NOT_SHIPPED and not (root / NOT_SHIPPED[s.partition(":")[0]]).is_dir()]
 
 
+def certified_policies(src) -> set[str]:
+    """The ablations a frontier result certified a point for (each job then checks its point)."""
+    if not src:
+        return set()
+    doc, _ = read_frontier(str(src))
+    return {name for name, c in doc["metrics"]["calibration"].items() if c.get("chosen") is not None}
+
+
 def plan(cfg) -> list[tuple[str, list[str]]]:
     e = cfg.experiment
     m = cfg.model
@@ -75,9 +84,14 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
         return [f"dataset={name}", *([f"dataset.categories=[{category}]"] if category else []),
                 f"dataset.count={e.count}", f"dataset.max_new_tokens={e.max_new_tokens}"]
 
+    certified = certified_policies(e.operating_point)
+
+    def at_point(a: str) -> list[str]:
+        return [f"early_exit.operating_point={e.operating_point}"] if named(a) in certified else []
+
     def speed(a: str, prompts: list[str] = data) -> list[str]:
         hf = [] if a in e.hf_generate_ablations else ["experiment.compare_hf_generate=false"]
-        return ["experiment=speed", f"ablation={named(a)}", *hf, *prompts, *e.speed_overrides]
+        return ["experiment=speed", f"ablation={named(a)}", *hf, *prompts, *e.speed_overrides, *at_point(a)]
     if e.speed_sets:  # one speed job per ablation and prompt set (the paper's protocol: six sets)
         skip = skipped_sets(cfg)
         jobs = [(f"speed_{a}_{s.replace(':', '_')}", speed(a, speed_set(s))) for a in e.ablations
@@ -103,7 +117,7 @@ def plan(cfg) -> list[tuple[str, list[str]]]:
                 jobs.append((f"accuracy_{a}{suffix}", ["experiment=accuracy", f"ablation={named(a)}",
                                                        f"experiment.tasks=[{','.join(tasks)}]",
                                                        f"experiment.limit={'null' if limit is None else limit}",
-                                                       *e.accuracy_overrides, *more]))
+                                                       *e.accuracy_overrides, *more, *at_point(a)]))
     return [(name, [*common, *args]) for name, args in jobs]
 
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -27,6 +28,7 @@ from specee.decoding.hf_peer import HFGenerateDecoder
 from specee.decoding.hf_peer import not_applicable as hf_not_applicable
 from specee.early_exit.replay import prompt_sha
 from specee.env import machine_load
+from specee.frontier.certify import Unit, own_context_loss
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder, format_conversation
 from specee.runtime import LayerwiseLM
@@ -336,6 +338,8 @@ def mode_metrics(job: SpeedJob, t: Timed, m: dict) -> None:
     if spec.early_exit:  # after the clock: the exits against the oracle
         m.update(oracle_gap(LayerwiseLM(job.model), t.mode_inputs, t.mode_gens,
                             len(t.per_prompt) // max(1, cfg.experiment.repeats), verified=spec.verified_exits))
+    if spec.early_exit:
+        m["loss"] = loss_at_point(job, t)
     if job.peer is not None:
         m["peer"] = peer_metrics(job.peer, t.peer_gens, t.peer_rows, t.dense_gens, t.mode_gens, rt.num_layers, cfg.seed)
         m[f"speedup_vs_{job.peer.name}"] = m["peer"]["mode_speedup_vs_peer"]  # e.g. speedup_vs_hf_pld
@@ -372,6 +376,24 @@ def mode_metrics(job: SpeedJob, t: Timed, m: dict) -> None:
         m["tree_shape"] = describe(decoder.tree)
         if getattr(decoder, "tree_choice", None):  # ablation.tree_select=auto: what was chosen and why
             m["tree_choice"] = decoder.tree_choice
+
+
+def loss_at_point(job: SpeedJob, t: Timed) -> dict:
+    """The loss of the point this job timed, in the frontier's one definition (after the clock): per
+    prompt, the share of the emitted tokens the full stack at the same prefix would not emit; and
+    whether the point is certified (``early_exit.operating_point``) or not."""
+    rows = [own_context_loss(job.rt, Unit(str(n), ids, ref.tokens), gen.tokens, gen.layers_run)
+            for n, (ids, gen, ref) in enumerate(zip(t.mode_inputs, t.mode_gens, t.dense_gens))]
+    loss = float(np.mean([r["loss"] for r in rows])) if rows else 0.0
+    point = getattr(job.decoder, "operating_point", None)
+    out = {"own_context_disagreement": loss, "per_prompt": [r["loss"] for r in rows],
+           "sequence_identity": float(np.mean([r["identical"] for r in rows])) if rows else 1.0,
+           "definition": "mean over prompts of the share of a prompt's emitted tokens that the full stack, at "
+                         "the same prefix, would not emit", "certified": point}
+    out["statement"] = (point["statement"] + f"; here {loss:.4f}" if point is not None else
+                        f"uncertified point (no early_exit.operating_point): measured loss {loss:.4f} "
+                        f"over {len(rows)} prompt(s), no guarantee")
+    return out
 
 
 def baseline_metrics(job: SpeedJob, t: Timed, m: dict, d: dict) -> None:

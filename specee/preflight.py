@@ -96,6 +96,8 @@ def preflight(cfg) -> None:
     What is read follows from the recipe's facts and the mode's spec."""
     from specee.decoding import modes
     facts = recipe(cfg)
+    if cfg.early_exit.get("operating_point"):
+        _operating_point(cfg, facts)
     if not facts.loads_model:
         return
     from specee.models.folders import check_folders
@@ -106,6 +108,7 @@ def preflight(cfg) -> None:
     shape = model_shape(cfg.model)
     if recipe_name(cfg) == "accuracy":
         _baseline(cfg)
+    if recipe_name(cfg) in ("accuracy", "frontier"):
         _user_tasks(cfg)
     if shape is None:
         return
@@ -186,3 +189,14 @@ def _user_tasks(cfg) -> None:
     if not include.is_dir():
         raise SpeceeError(f"experiment.include_path={include} is not a folder of task YAMLs")
     registry.check_user_tasks(list(e.tasks), include)
+
+
+def _operating_point(cfg, facts) -> None:
+    """early_exit.operating_point: a job that decodes one ablation runs the point; any other refuses."""
+    name = recipe_name(cfg)
+    if name not in ("speed", "accuracy"):
+        raise SpeceeError(f"early_exit.operating_point is for experiment=speed and experiment=accuracy (one ablation "
+                          f"at the certified point), not experiment={name}"
+                          + ("; the main job takes it as experiment.operating_point" if name.startswith("reproduce") else ""))
+    from specee.decoding.operating_point import check
+    check(cfg)

@@ -441,3 +441,83 @@ def test_closest_to_the_reference_names_the_fastest_point_within_the_budget_and_
     m["calibration"]["a"]["chosen"] = None
     assert "no policy is certified" in closest_to_oracle(m, 0.01, {"modelled_speedup": 1.5})
     assert "no policy has a grid point" in closest_to_oracle(m, -1, {"modelled_speedup": 1.5})
+
+
+# A user's own tasks, written here (synthetic test data: story openings in the register of the
+# embedded model's corpus, with plausible one-word continuations as golds and a nonsense word as the
+# wrong choice). They exercise the recipe's machinery, not model quality.
+STORIES = [("Once upon a time, there was a little", "girl"), ("One day, Lily went to the", "park"),
+           ("Tom and his mom went to the", "park"), ("She was very", "happy"), ("They all lived happily ever", "after"),
+           ("He liked to play with his", "toys"), ("The little girl was very", "happy"), ("Lily and her mom went to the", "park"),
+           ("Once upon a time, there was a big", "dog"), ("The boy was so", "happy"), ("Every day, Tom went to the", "park"),
+           ("The bird was very", "happy"), ("One day, a little boy named", "Tim"), ("Sue liked to play with her", "doll"),
+           ("Once upon a time, in a small", "town"), ("The dog was very", "happy")]
+
+
+def _own_tasks(tmp_path):
+    rows = [{"question": q, "answer": a, "choices": [a, "xqzvtk"], "label": 0} for q, a in STORIES]
+    data = tmp_path / "stories.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "story_choice.yaml").write_text(
+        "task: story_choice\noutput_type: multiple_choice\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files: {{test: {data}}}\ntest_split: test\nnum_fewshot: 0\n"
+        "doc_to_text: \"{{question}}\"\ndoc_to_choice: \"{{choices}}\"\ndoc_to_target: label\n"
+        "target_delimiter: \" \"\nmetric_list:\n  - metric: acc\n")
+    (tasks / "story_word.yaml").write_text(
+        "task: story_word\noutput_type: generate_until\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files: {{test: {data}}}\ntest_split: test\n"
+        "doc_to_text: \"{{question}}\"\ndoc_to_target: \"{{answer}}\"\n"
+        "generation_kwargs: {until: [\".\"], do_sample: false, max_gen_toks: 4}\n"
+        "filter_list:\n  - name: first_word\n    filter:\n      - function: regex\n        regex_pattern: \"(\\\\w+)\"\n"
+        "      - function: take_first\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n    ignore_case: true\n")
+    return tasks
+
+
+def test_a_users_own_tasks_run_on_the_frontier_and_are_certified_on_real_answers(tmp_path):
+    """A multiple-choice and a generate_until task (regex filter) from experiment.include_path: their
+    settings as the task ran them, dense scored by lm-eval, and per policy a point certified on the real
+    decoder's answers or a reason why not; the real answers are scored by the task's own filter."""
+    tasks = _own_tasks(tmp_path)
+    res = run_cli(*MINIMAL, "experiment.policies=[specee_t1_t2,adainfer]", "experiment.lossless_peers=[]",
+                  "experiment.real_only=[]", "experiment.tasks=[story_choice,story_word]",
+                  f"experiment.include_path={tasks}", "experiment.task_limit=16", "experiment.max_gen_tokens=4",
+                  f"experiment.report_dir={tmp_path / 'report'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]
+    choice, word = m["tasks"]["story_choice"], m["tasks"]["story_word"]
+    assert choice["output_type"] == "multiple_choice" and word["output_type"] == "generate_until"
+    assert word["filter"] == "first_word" and word["primary"] == "exact_match"
+    assert word["settings"]["generation_kwargs"]["max_gen_toks"] == 4
+    assert word["settings"]["filter_list"][0]["name"] == "first_word" and choice["settings"]["target_delimiter"] == " "
+    assert choice["source"] == word["source"] == "experiment.include_path"
+    for t in (choice, word):
+        assert t["n"] == 16 and t["testable"], t.get("why_not_testable")  # dense writes most continuations
+        for name in ("specee_t1_t2", "adainfer"):
+            cal = t["calibration"][name]
+            assert cal["on"] == "real decoding" and cal["bound"] == "binomial" and cal["tested"]
+            tested = [(x["index"], x["kv_policy"]) for x in cal["tested"]]
+            order = [(j, kv) for j in range(len(t["points"][name])) for kv in ("holes", "propagate")]
+            assert tested == order[: len(tested)]
+            assert cal["chosen"] is not None or cal["why_none"]
+            assert any(v["task"] == t["name"] and v["policy"] == name for v in m["verdicts"])
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "### story_word" in summary and "real decoding, δ = 0.5" in summary
+
+
+def test_a_replayed_generation_keeps_denses_answer_only_while_every_token_is_denses(tiny_setup):
+    """The screen for a generative item: dense's value where replay emits dense's token at every step;
+    0 (unknown text) as soon as one differs; and an item with an exit is marked as needing a real run."""
+    from specee.frontier.tasks import _item_value
+    rt, decs, prompts, gens, recs = tiny_setup
+    pol = _policy(decs["t2"])
+    task = {"output_type": "generate_until", "rolling": False}
+    item = {"records": [[recs[0]]], "dense": 1.0}
+    v, layers, _, exits = _item_value(task, item, lambda rec: replay(rec, pol, np.full(32, 10.0)))  # never fires
+    assert (v, layers, exits) == (1.0, 32.0, False)
+    thr = np.full(32, -10.0)  # fires wherever a predictor runs
+    ex = replay(recs[0], pol, thr)
+    v, _, _, exits = _item_value(task, item, lambda rec: replay(rec, pol, thr))
+    assert exits and v == (1.0 if (ex.token == recs[0].final).all() else 0.0)

@@ -34,7 +34,7 @@ class Options:
 _DTYPES = ("float32", "bfloat16", "float16")
 LIMITS: dict[type, dict[str, tuple]] = {
     ModelConfig: {"num_layers": (1, INT_MAX)},
-    EarlyExitConfig: {"k": (1, INT_MAX), "threshold": (0.0, 1.0)},
+    EarlyExitConfig: {"k": (1, INT_MAX), "threshold": (0.0, 1.0), "operating_budget": (0.0, 1.0)},
     PlacementConfig: {"m": (1, INT_MAX), "coverage": (0.0, 1.0), "n_history": (1, INT_MAX)},
     RuntimeConfig: {"max_block": (1, INT_MAX)},
     AblationConfig: {"tree_max_nodes": (1, 63), "tree_calibration_prompts": (1, 200), "ngram_size": (1, 16),
@@ -62,7 +62,7 @@ LIMITS: dict[type, dict[str, tuple]] = {
                          "timed_prompts": (2, INT_MAX), "count": (1, INT_MAX), "max_new_tokens": (1, INT_MAX), "task_limit": (2, INT_MAX), "document_limit": (2, INT_MAX), "cost_rounds": (3, 10_000),
                          "real_only_grid": (0.0, 1.0), "threshold_grid": (0.0, 1.0), "precision_grid": (0.0, 1.0),
                          "p_stop_grid": (0.0, 1.0), "oracle_budgets": (0.0, 1.0), "extra_deltas": (0.0, 1.0),
-                         "calibration_share": (0.0, 1.0), "fit_share": (0.0, 1.0)},
+                         "calibration_share": (0.0, 1.0), "fit_share": (0.0, 1.0), "max_gen_tokens": (1, INT_MAX)},
     Config: {"threads": (1, INT_MAX)},
 }
 
@@ -117,7 +117,7 @@ CHOICES: dict[type, dict[str, Any]] = {
                           "accuracy_ablations": Options("ablation"), "dataset": Options("dataset")},
     FrontierExperiment: {"policies": Options("ablation"), "real_only": Options("ablation"),
                          "kv_policies": owned("specee.early_exit.kv_policy", "POLICIES"),
-                         "lossless_peers": Options("ablation")},
+                         "lossless_peers": Options("ablation"), "task_source": ("shipped", "lm_eval")},
     AccuracyExperiment: {"on_overflow": ("truncate", "error"), "drift_gate": ("auto", "exact", "interval"),
                          "task_source": ("shipped", "lm_eval")},
 }

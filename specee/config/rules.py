@@ -91,9 +91,10 @@ def check_frontier(e) -> None:
                               f"(e.g. experiment.{key}=[{', '.join(str(v) for v in FRONTIER_EXAMPLES[key])}])")
     from specee.evaluation import registry
     unknown = [t for t in e.tasks if t not in registry.available()]
-    if unknown:
+    if unknown and e.task_source == "shipped" and not e.include_path:  # others resolve in lm-eval's TaskManager
         raise SpeceeError(f"experiment.tasks has {unknown[0]!r}, not a shipped task; valid: "
-                          f"{', '.join(sorted(registry.available()))}")
+                          f"{', '.join(sorted(registry.available()))} (your own: experiment.include_path=<folder "
+                          "of task YAMLs>; lm-eval's: experiment.task_source=lm_eval)")
     if not e.policies:
         raise SpeceeError("experiment.policies is empty: name at least one early-exit ablation, e.g. [specee_t1_t2]")
 

@@ -86,6 +86,11 @@ class EarlyExitConfig:
     adainfer_path: str = "${model.artifacts}/${model.name}_adainfer"
     # what the exit rules that fit something were fitted into (experiment=train_exit_rules)
     exit_rules_path: str = "${model.artifacts}/${model.name}_exit_rules"
+    # A point certified by experiment=frontier, run exactly (its threshold, per-layer thresholds,
+    # margin, P(stop) or rule value, and its K/V policy): a frontier report folder or its results.json.
+    # The policy is this job's ablation; the budget is operating_budget (default: the frontier's delta).
+    operating_point: Optional[str] = None
+    operating_budget: Optional[float] = None
 
 
 @dataclass
@@ -426,6 +431,9 @@ class ReproduceExperiment:
     stats_placements: Optional[list[str]] = field(default_factory=lambda: ["all_layers", "offline_topm",
                                                                            "online_union"])
     accuracy_ablations: list[str] = field(default_factory=list)  # an accuracy job each
+    # a frontier report (experiment=frontier): each ablation it certified runs at its certified point
+    # (early_exit.operating_point); the others at their own settings, their rows saying "uncertified"
+    operating_point: Optional[str] = None
     accuracy_tasks: list[str] = field(default_factory=lambda: ["boolq", "piqa", "copa"])
     accuracy_limit: Optional[int] = 25  # null: every item (the paper's protocol)
     # Tasks scored over whole documents (every token a decode step for the early-exit modes), run
@@ -518,7 +526,13 @@ class FrontierExperiment:
     # test prompts the real runs are timed on, beside dense: a seeded sample stratified over the test
     # split's categories (raised to one per category where fewer are asked for)
     timed_prompts: int = 13
-    tasks: list[str] = field(default_factory=list)  # lm-eval tasks (shipped) replayed at every point
+    # lm-eval tasks replayed at every point and certified on real decoding (log-likelihood and
+    # generate_until; perplexity-like ones reported as a change): shipped, your own under include_path,
+    # or lm-eval's registry (task_source=lm_eval), each with its own YAML settings
+    tasks: list[str] = field(default_factory=list)
+    include_path: Optional[str] = None  # a folder of your own lm-eval task YAMLs
+    task_source: str = "shipped"  # shipped (offline) | lm_eval (also lm-eval's registry: network or HF cache)
+    max_gen_tokens: int = 128  # generative tasks, unless a task YAML sets max_gen_toks
     task_limit: Optional[int] = 100  # items per task (halved into calibration and test)
     document_limit: Optional[int] = 10  # documents per perplexity-like task (every token a decision)
     cost_rounds: int = 20  # interleaved rounds of the unit-cost microbenchmark

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from specee.decoding import operating_point
 from specee.errors import SpeceeError
 from specee.io import project_path
 from specee.models.loader import check_trained_for
@@ -81,6 +82,9 @@ def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases:
     parts = load_parts(cfg, rt, spec, placement)
     decoder = spec.build(cfg, rt, parts, shadow=shadow, eos_id=eos_id, tuning=tuning)
     decoder.profile_phases = profile_phases
+    decoder.operating_point = None
+    if cfg.early_exit.get("operating_point"):  # a frontier's certified point, run exactly
+        operating_point.read(cfg).apply(decoder)
     return decoder
 
 

@@ -169,6 +169,7 @@ class SpeceeLM(LM):
             hit = (lambda toks: any(u in self.tokenizer.decode(toks[-tail:], skip_special_tokens=True)
                                     for u in stops)) if stops else None
             gen = self.decoder.generate(self._ids(ctx), n_new, eos, stop=hit)
+            self.last_generation = (ctx, gen)  # what a recorder of this request reads (specee/frontier/tasks.py)
             tokens = gen.tokens[:gen.tokens.index(eos)] if eos in gen.tokens else gen.tokens
             text = self.written_text(ctx, tokens)
             for stop in until:  # cut at the earliest stop string

@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from specee.bench.oracle import layer_predictions
 from specee.frontier import calibrate
@@ -136,3 +137,75 @@ def refutation(points: list[dict], delta: float, epsilon: float, max_new_tokens:
     return {"fast_points": m, "correction": f"Bonferroni over {m} fast point(s): each bound at epsilon/{m}" if m else
             "none (no fast point)", "per_token_floor": c, "points": rows,
             "refuted": all(r["over_budget"] for r in rows), "short": [r["value"] for r in rows if not r["over_budget"]]}
+
+
+def certify_grid(curve: list[dict], knob: str, kv_order: list[str], n_calib: int, n_test: int, real: Callable,
+                 replay_exits: Callable, dense: Callable, delta: float, epsilon: float, bound: str,
+                 unit: str = "prompt", desc: str = "certify") -> dict:
+    """Learn-then-Test on the real decoder over one policy's grid: hypotheses (point ``j``, K/V policy),
+    the grid's order (conservative first), the configured K/V policy first at each point. The chosen
+    hypothesis is the certified one with the highest modelled speedup (the configured K/V policy on a
+    tie: it does less work); its real loss is then measured on every held-out unit.
+
+    ``real(j, kv, half, u)`` runs unit ``u`` of ``half`` (calibration | test) on the real decoder and
+    returns ``{"loss", "identical", "exited", "steps", "layers"}``; ``replay_exits(j, half, u)`` says
+    whether replay exits at all there (replay is exact up to the first exit, so where it never exits the
+    real run is dense's: ``dense(half, u)``, no run); a run with no exit is the same under every K/V
+    policy. ``bound``: hoeffding_bentkus (a loss in [0, 1]) or binomial (0/1 losses, e.g. answer flips)."""
+    cache: dict = {}
+
+    def run_unit_of(half):
+        def run_unit(h, u):
+            j, kv = h
+            key = (half, j, kv, u)
+            if key not in cache:
+                same = next((cache[k] for k in ((half, j, o, u) for o in kv_order) if k in cache
+                             and not cache[k]["exited"]), None)
+                if same is None and not replay_exits(j, half, u):
+                    same = dense(half, u)
+                if same is None:
+                    same = real(j, kv, half, u)
+                cache[key] = same
+            return cache[key]
+        return run_unit
+
+    hyps = [(j, kv) for j in range(len(curve)) for kv in kv_order]
+    bar = tqdm(desc=desc, unit=unit, leave=False)
+    lt = certify_sequence(hyps, n_calib, run_unit_of("calibration"), delta, epsilon, bound,
+                          progress=lambda: bar.update(1))
+    bar.close()
+    out = {k: v for k, v in lt.items() if k != "tested"}
+    out.update({"on": "real decoding", "kv_policies": list(kv_order), "chosen": None,
+                "tested": [{"index": t["hypothesis"][0], "value": curve[t["hypothesis"][0]]["value"],
+                            "kv_policy": t["hypothesis"][1], **{k: v for k, v in t.items() if k != "hypothesis"}}
+                           for t in lt["tested"]]})
+    certified = out["tested"][: lt["certified"]]
+    units = f"{unit}s"
+    if not certified:
+        if lt["calibration_units"] < lt["units_needed_at_zero_loss"]:
+            out["why_none"] = (f"no point certified: {lt['calibration_units']} calibration {units}, and a loss of 0 "
+                               f"needs {lt['units_needed_at_zero_loss']}")
+        else:
+            t = out["tested"][0]
+            n = lt["calibration_units"]
+            p0 = calibrate.p_value(np.zeros(n), delta, bound)
+            out["why_none"] = (f"no point certified: the most conservative point ({knob} = {t['value']:g}, "
+                               f"{t['kv_policy']}) lost {t['loss']:.4f} on real runs over the first {t['units_run']} "
+                               f"of {n} calibration {units}, more than {delta:g} can absorb from {n} (p at zero "
+                               f"loss {p0:.3f} against {epsilon:g})")
+        return out
+    best = max(certified, key=lambda t: (curve[t["index"]]["calibration"]["modelled_speedup"],
+                                          -kv_order.index(t["kv_policy"])))
+    run_test = run_unit_of("test")
+    held = [run_test((best["index"], best["kv_policy"]), u) for u in range(n_test)]
+    losses = np.asarray([h["loss"] for h in held])
+    lo, hi = calibrate.interval(losses, epsilon, bound) if len(losses) else (float("nan"), float("nan"))
+    out.update({"chosen": best["index"], "value": best["value"], "kv_policy": best["kv_policy"],
+                "calibration_loss": best["loss"], "p_value": best["p_value"],
+                "test_loss": float(losses.mean()) if len(losses) else float("nan"), "test_interval": [lo, hi],
+                "test_units": len(held),
+                "test_sequence_identity": float(np.mean([h["identical"] for h in held])) if held else float("nan"),
+                "held_out_within_budget": bool(len(losses) and losses.mean() <= delta),
+                "modelled_speedup": curve[best["index"]]["test"]["modelled_speedup"],
+                "avg_layers": sum(h["layers"] for h in held) / max(sum(h["steps"] for h in held), 1)})
+    return out

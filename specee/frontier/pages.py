@@ -152,12 +152,15 @@ def verdicts(m: dict, model: str, scope: str = "") -> list[dict]:
             cal = (task.get("calibration") or {}).get(name, {})
             if not task.get("testable", False):
                 v, fig = "not testable", task.get("why_not_testable") or ""
-            else:  # item losses are replayed (teacher-forced scoring): no guarantee on real decoding yet
-                v = "inconclusive"
-                fig = ("replay only: " + (f"{m['policies'][name]['knob']} = {cal['value']:g} passes on replayed items "
-                                          f"(held-out flips {cal['test_loss']:.4f})" if cal.get("chosen") is not None
-                                          else cal.get("why_none", "no point passes"))
-                       + f"; the real decoder's item loss is not certified; speed: Spec-Bench timing ({n_timed} prompts)")
+            elif cal.get("on") != "real decoding":  # a result from before items were certified on real answers
+                v, fig = "inconclusive", "replay only: the real decoder's item loss is not certified"
+            else:  # item flips of the real decoder's answers; the speed is Spec-Bench's at the same point
+                pt = next((p for p in m["measured"].get(name, []) if p["index"] == cal.get("chosen")
+                           and p.get("kv_policy") == cal.get("kv_policy")), None)
+                v, fig = joint_verdict(cal, pt, None, m["delta"], True)
+                fig += (f"; item loss: answers flipping right → wrong on real decoding ({cal['calibration_units']} "
+                        f"calibration items); speed: Spec-Bench timing at the same point ({n_timed} prompts), not "
+                        "this task's workload; no refutation rule for items")
             orc = task.get("oracle", {}).get("test", {})
             rows.append({"model": model, "task": tname, "policy": name, "claim": claim_of(m["policies"][name]),
                          "verdict": v, "figure": fig, "delta": m["delta"], "epsilon": m["epsilon"], "scope": scope,
@@ -354,9 +357,19 @@ def summary_md(doc: dict) -> str:
             lines.append(f"Dense {100 * dn['accuracy']:.1f} % (test split, {dn['n']} items); chance "
                          f"{100 * (task.get('chance') or 0):.1f} %; " + ("testable." if task.get("testable") else
                                                                       f"not testable: {task.get('why_not_testable')}."))
+            lines.append(f"Source: {task.get('source', 'shipped')}; {task.get('output_type', 'loglikelihood')}; settings as "
+                         f"the task ran them: {json.dumps(task.get('settings', {}), default=str)[:400]}.")
+            for name, cal in (task.get("calibration") or {}).items():
+                head = f"- real decoding, δ = {m['delta']:g}, {m['policies'][name]['label']}: "
+                if cal.get("on") != "real decoding":
+                    continue
+                lines.append(head + (str(cal.get("why_none")) if cal.get("chosen") is None else
+                                     f"{m['policies'][name]['knob']} = {cal['value']:g} ({cal['kv_policy']}) certified, "
+                                     f"held-out flips {cal['test_loss']:.4f} [{cal['test_interval'][0]:.4f}, "
+                                     f"{cal['test_interval'][1]:.4f}] over {cal['test_units']} items"))
             for dd, cals in (task.get("calibration_at") or {}).items():
                 for name, cal in cals.items():
-                    head = f"- δ = {float(dd):g}, {m['policies'][name]['label']}: "
+                    head = f"- replay screen, δ = {float(dd):g}, {m['policies'][name]['label']}: "
                     if cal.get("chosen") is None:
                         lines.append(head + str(cal.get("why_none")))
                     else:

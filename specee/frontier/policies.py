@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
-
 from specee import ablations
 from specee.decoding import build_decoder, modes
+from specee.decoding.operating_point import identity, set_point
 from specee.errors import SpeceeError
 from specee.frontier.replay import Policy
 from specee.io import project_path
@@ -97,19 +96,22 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
             per_layer = pcfg.early_exit.calibration == "per_layer"
             policies.append(Policy(name, ablations.of(pcfg.ablation).label, "specee", "target_precision" if per_layer else "threshold",
                                    prec_grid if per_layer else thr_grid, bank=bank_key, schedule=dec.schedule,
-                                   can_exit=list(dec.can_exit), per_layer=per_layer, mode=pcfg.ablation.mode))
+                                   can_exit=list(dec.can_exit), per_layer=per_layer, mode=pcfg.ablation.mode,
+                                   identity=identity(pcfg)))
         elif spec.exit_rule is not None:  # a registered exit rule: its knob, its grid (conservative first)
             parts["rules"][name] = dec.rule
             parts["calibration_prompt_ids"] |= set(dec.rule.trained_on())
             parts["rule_decoders"][name] = dec
             policies.append(Policy(name, ablations.of(pcfg.ablation).label, "rule", dec.rule.knob,
-                                   [float(v) for v in dec.rule.grid], mode=pcfg.ablation.mode, rule=dec.rule))
+                                   [float(v) for v in dec.rule.grid], mode=pcfg.ablation.mode, rule=dec.rule,
+                                   identity=identity(pcfg)))
         else:  # AdaInfer
             kind = pcfg.ablation.classifier
             parts[kind] = dec.svm
             parts["ada_decoder"] = parts["ada_decoder"] or dec
             policies.append(Policy(name, ablations.of(pcfg.ablation).label, kind, "margin" if kind == "svm" else "p_stop",
-                                   margin_grid if kind == "svm" else pstop_grid, mode=pcfg.ablation.mode))
+                                   margin_grid if kind == "svm" else pstop_grid, mode=pcfg.ablation.mode,
+                                   identity=identity(pcfg)))
     if not policies:
         raise SpeceeError("experiment.policies is empty: name at least one early-exit ablation, e.g. [specee_t1_t2]")
     if parts["draft"] is None:  # AdaInfer alone: the draft still proposes nothing it reads
@@ -118,20 +120,5 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
 
 
 def set_operating_point(decoder, policy: Policy, value: float, thresholds, kv_policy: str | None = None) -> None:
-    """Put a real decoder at a replayed point: its knob ``value``, or for a target precision the
-    per-layer logit ``thresholds`` fitted on the fit split; and, where given, what an exit leaves in
-    the skipped layers' K/V (part of the operating point: it changes what later tokens read)."""
-    if kv_policy is not None:
-        decoder.kv_policy = kv_policy
-    if policy.kind == "specee" and policy.per_layer:
-        thr = np.asarray(thresholds, dtype=np.float64)
-        decoder.predictors.set_layer_thresholds([float(1 / (1 + math.exp(-t))) if math.isfinite(t)
-                                                 else (1.0 if t > 0 else 0.0) for t in thr])
-    elif policy.kind == "specee":
-        decoder.predictors.set_threshold(float(value))
-    elif policy.rule is not None:
-        decoder.value = float(value)
-    elif policy.kind == "svm":
-        decoder.svm.margin = float(value)
-    else:
-        decoder.svm.p_stop = float(value)
+    """Put a real decoder at a replayed point (the one implementation: specee/decoding/operating_point.py)."""
+    set_point(decoder, policy.kind, value, policy.per_layer, thresholds, kv_policy)

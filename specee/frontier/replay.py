@@ -41,6 +41,7 @@ class Policy:
     min_fires: int = 5  # per_layer: fires a layer's threshold needs on the calibration split
     mode: str = ""  # the replayed ablation's mode (its work is counted as that mode's)
     rule: Any = None  # kind rule: the exit rule (its scores are recorded under the policy's name)
+    identity: dict = field(default_factory=dict)  # what its points hold for (specee/decoding/operating_point.py)
 
 
 @dataclass

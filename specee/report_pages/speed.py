@@ -144,12 +144,12 @@ def fig_staircase(docs):
     md = ("| step | speedup (decode, vs dense loop) | 95% CI | modelled (counted work × unit costs) [band] | "
           "model vs measured | Llama-2-7B / 13B predicted (analytic GPU) | top costs beyond the layer ratio "
           "(layer-units/token) | end-to-end vs HF generate (paper's) | "
-          "decode ms/token (× bandwidth floor) | avg layers | match rate | noisy |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|\n") + "".join(
+          "decode ms/token (× bandwidth floor) | avg layers | match rate | loss at this point | noisy |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n") + "".join(
         f"| {lab} | {np.mean([m['speedup_vs_dense'] for m in ms]):.3f} | {fmt_ci(_ci(ms))} | {cm(ms, modelled)} | "
         f"{cm(ms, agree)} | {cm(ms, gpu)} | {cm(ms, gap)} | {hf(ms)} | {floor(ms)} | "
         f"{np.mean([m['avg_layers'] for m in ms]):.2f} | {np.mean([m['match_rate_vs_dense'] for m in ms]):.3f} | "
-        f"{'; '.join(r for m in ms for r in m.get('noisy_reasons', [])) or 'no'} |\n"
+        f"{loss_cell(ms)} | {'; '.join(r for m in ms for r in m.get('noisy_reasons', [])) or 'no'} |\n"
         for lab, ms in steps)
     g = next((m["cost_model"] for _, ms in steps for m in ms
               if "modelled_speedup_vs_dense" in (m.get("cost_model") or {})), None)
@@ -169,6 +169,24 @@ def fig_staircase(docs):
                f"the model's context allows with the generation budget and were cut to their last {cut[0][2]} tokens: "
                + ", ".join(f"prompt {i} ({n} tokens)" for i, n, _ in cut) + ".\n")
     return fig, md
+
+
+def loss_cell(ms: list[dict]) -> str:
+    """The loss of the point a row times: its certified budget (early_exit.operating_point), or that
+    it is uncertified with its measured loss (mean per-prompt share of tokens the full stack would not
+    emit at the same prefix); lossless rows (no exit) say so."""
+    if not any("loss" in m or "oracle_gap" in m for m in ms):  # an early-exit mode carries both
+        return "– (no exit)"
+    got = [m["loss"] for m in ms if m.get("loss")]
+    if len(got) < len(ms):
+        return "not measured (a result from before the loss was recorded: re-run)"
+    here = float(np.mean([g["own_context_disagreement"] for g in got]))
+    points = [g["certified"] for g in got if g.get("certified")]
+    if points and len(points) == len(got):
+        p = points[0]
+        return (f"certified δ = {p['delta']:g} ({p['knob']} {p['value']:g}, K/V {p['kv_policy']}; held-out "
+                f"{p['held_out']['loss']:.4f}); here {here:.4f}")
+    return f"uncertified: {here:.4f} measured"
 
 
 def _machine_note(speed, dense) -> str:
