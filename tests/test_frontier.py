@@ -495,6 +495,7 @@ def test_a_users_own_tasks_run_on_the_frontier_and_are_certified_on_real_answers
     assert choice["source"] == word["source"] == "experiment.include_path"
     for t in (choice, word):
         assert t["n"] == 16 and t["testable"], t.get("why_not_testable")  # dense writes most continuations
+        assert t["scoring_checked"] == 16  # the harness's item scoring equals lm-eval's on dense's answers
         for name in ("specee_t1_t2", "adainfer"):
             cal = t["calibration"][name]
             assert cal["on"] == "real decoding" and cal["bound"] == "binomial" and cal["tested"]

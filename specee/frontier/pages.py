@@ -358,7 +358,7 @@ def summary_md(doc: dict) -> str:
                          f"{100 * (task.get('chance') or 0):.1f} %; " + ("testable." if task.get("testable") else
                                                                       f"not testable: {task.get('why_not_testable')}."))
             lines.append(f"Source: {task.get('source', 'shipped')}; {task.get('output_type', 'loglikelihood')}; settings as "
-                         f"the task ran them: {json.dumps(task.get('settings', {}), default=str)[:400]}.")
+                         f"the task ran them: {json.dumps(task.get('settings', {}), default=str)[:900]}.")
             for name, cal in (task.get("calibration") or {}).items():
                 head = f"- real decoding, δ = {m['delta']:g}, {m['policies'][name]['label']}: "
                 if cal.get("on") != "real decoding":

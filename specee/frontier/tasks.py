@@ -170,6 +170,8 @@ def record_tasks(cfg, rt, tokenizer, parts: dict, out) -> dict:
         task = {"name": name, "primary": primary, "filter": filt, "lower_is_better": lower, "task": obj,
                 "output_type": obj.OUTPUT_TYPE, "settings": task_settings(obj), "source": source,
                 "items": items, "calibration_ids": calib, "n": len(items), "rolling": lower}
+        if not task["rolling"]:  # the real answers are scored as lm-eval scored dense's: checked on dense's
+            task["scoring_checked"] = check_scoring(task, res["samples"][name])
         task["dense"] = task_point(task, None, None, None, dense=True)
         if task["rolling"]:
             task["testable"], task["chance"] = False, None
@@ -193,6 +195,22 @@ def chance_of(task: dict) -> float:
     if task["output_type"] == "generate_until":
         return task_labels(task["task"])["chance"] or 0.0
     return float(np.mean([1 / max(len(i["records"]), 1) for i in task["items"]]))
+
+
+def check_scoring(task: dict, samples: list[dict]) -> int:
+    """:func:`score_item` on dense's own answers (lm-eval's logged responses) gives lm-eval's score
+    for every item; a difference is a harness bug, stopped here rather than certified. Returns the
+    number of items checked."""
+    by_doc = {s["doc_id"]: s for s in samples if s.get("filter", "none") == task["filter"]}
+    for item in task["items"]:
+        answers = [r[0] for r in by_doc[item["doc_id"]]["resps"]]
+        if task["output_type"] != "generate_until":
+            answers = [tuple(a) for a in answers]
+        got = score_item(task, item, answers)
+        if got != item["dense"]:
+            raise SpeceeError(f"task {task['name']}: item {item['doc_id']} scores {got} here and {item['dense']} "
+                              "in lm-eval; this task's scoring cannot be reproduced item by item, so it cannot be certified")
+    return len(task["items"])
 
 
 def score_item(task: dict, item: dict, answers: list) -> float:
