@@ -50,6 +50,10 @@ TOP: tuple[Metric, ...] = (
     Metric("speedup_vs_dense", "ratio", "decode tokens/s of the mode over dense's, same prompts, interleaved"),
     Metric("speedup_vs_dense_ci", "[lo, hi]", "95 % bootstrap interval of speedup_vs_dense over prompts"),
     Metric("match_rate_vs_dense", "share 0-1", "share of token positions equal to dense's output"),
+    Metric("loss", "object", "early-exit modes: the loss of the point timed (own_context_disagreement: mean over prompts "
+           "of the share of emitted tokens the full stack at the same prefix would not emit; per_prompt; "
+           "sequence_identity), whether it is certified (the frontier point from early_exit.operating_point, or "
+           "null) and a one-line statement"),
     Metric("efficiency", "ratio", "speedup_vs_dense / (num_layers / avg_layers): how much of the layer "
                                   "saving became speed", "early-exit modes"),
     # -- against transformers' generate
