@@ -68,6 +68,23 @@ def _git() -> dict:
         return {"commit": None, "dirty": None}
 
 
+def nvml_handle(pynvml, index: int):
+    """The NVML handle of CUDA device ``index``. CUDA ordinals are renumbered by
+    CUDA_VISIBLE_DEVICES (and ordered differently from NVML's), so match by UUID, then by PCI
+    bus id; a bare index is never used."""
+    props = torch.cuda.get_device_properties(index)
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"), "uuid"
+        except Exception:  # noqa: BLE001 - fall through to the bus id
+            pass
+    if hasattr(props, "pci_bus_id"):
+        bus = f"{getattr(props, 'pci_domain_id', 0):08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+        return pynvml.nvmlDeviceGetHandleByPciBusId(bus), "pci_bus_id"
+    raise RuntimeError(f"cannot map CUDA device {index} to an NVML device (no UUID or PCI bus id)")
+
+
 def gpu_info() -> list[dict]:
     if not torch.cuda.is_available():
         return []
@@ -78,13 +95,11 @@ def gpu_info() -> list[dict]:
                      "capability": f"{p.major}.{p.minor}"})
     try:
         import pynvml
-
-        from specee.bench.power import _NVML
         pynvml.nvmlInit()
         driver = pynvml.nvmlSystemGetDriverVersion()
         for g in gpus:
             # torch's ordinal is not NVML's under CUDA_VISIBLE_DEVICES: match by UUID / bus id.
-            h, _ = _NVML._handle(pynvml, g["index"])
+            h, _ = nvml_handle(pynvml, g["index"])
             g["driver"] = driver.decode() if isinstance(driver, bytes) else driver
             g["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
             g["mem_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
@@ -113,11 +128,9 @@ def _gpu_utilization(device: torch.device) -> int | None:
     """Utilisation (%) of the GPU ``device`` names, matched to NVML by UUID, not by ordinal."""
     try:
         import pynvml
-
-        from specee.bench.power import _NVML
         pynvml.nvmlInit()
         index = device.index if device.index is not None else torch.cuda.current_device()
-        handle, _ = _NVML._handle(pynvml, index)
+        handle, _ = nvml_handle(pynvml, index)
         return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except Exception:  # noqa: BLE001 - optional
         return None

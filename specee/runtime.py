@@ -240,9 +240,7 @@ class LayerwiseLM:
     def predict(self, probe, predictors, i: int, h, p_prev):
         """SpecEE's predictor at layer i on h: (fire, a device bool; p, the next p_prev). The
         features are :mod:`specee.early_exit.features`'; the compiled runtime fuses this verb."""
-        from specee.early_exit.features import features_from_logits
-        feats, p = features_from_logits(probe.logits(h), p_prev)
-        return predictors.decide(i, feats), p
+        return predictors.decide_from_logits(i, probe.logits(h), p_prev)
 
     # -- the layer walk ------------------------------------------------------------------------
     def walk(self, h, rope, cache, pos, block, eligible: list[bool], exit_test, timer, observe=None):
@@ -266,8 +264,7 @@ class LayerwiseLM:
         """Autoregressive SpecEE's walk over an :class:`~specee.early_exit.exits.ExitPlan`: an
         :class:`~specee.early_exit.exits.ExitValue`. Here the host branches after each scheduled
         predictor; the compiled runtime may keep the decision on the device."""
-        from specee.early_exit.exits import host_walk
-        return host_walk(self, plan, h, rope, cache, pos, timer, observe)
+        return plan.walk_on_host(self, h, rope, cache, pos, timer, observe)
 
     def mask_for(self, past: int, t: int, block_mask: torch.Tensor | None):
         """Additive mask for T new tokens over ``past`` cached ones; None when SDPA's default fits."""

@@ -149,7 +149,7 @@ def measure_unit_costs(rt, decoder, dense_decoder, prompt_ids: torch.Tensor, max
     Returns ``samples_us`` (unit -> per-round list), ``median_us``, and ``step_overhead_us``
     (dense_step - L * layer - lm_head: embedding, RoPE and bookkeeping outside layers and head;
     noise can make it negative)."""
-    from specee.decoding.base import Clock
+    from specee.phases import Clock
     from specee.early_exit.features import SpecProbe, adainfer_features, initial_p
 
     L, dev = rt.num_layers, rt.device

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from specee.env import nvml_handle
+
 RAPL = Path("/sys/class/powercap")
 
 
@@ -29,22 +31,7 @@ class _NVML:
         self.handle, self.matched_by = self._handle(pynvml, index)
         pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)  # raises where unsupported
 
-    @staticmethod
-    def _handle(pynvml, index: int):
-        """The NVML handle of CUDA device ``index``. CUDA ordinals are renumbered by
-        CUDA_VISIBLE_DEVICES (and ordered differently from NVML's), so match by UUID, then by PCI
-        bus id; a bare index is never used."""
-        props = torch.cuda.get_device_properties(index)
-        uuid = str(getattr(props, "uuid", "") or "")
-        if uuid:
-            try:
-                return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"), "uuid"
-            except Exception:  # noqa: BLE001 - fall through to the bus id
-                pass
-        if hasattr(props, "pci_bus_id"):
-            bus = f"{getattr(props, 'pci_domain_id', 0):08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
-            return pynvml.nvmlDeviceGetHandleByPciBusId(bus), "pci_bus_id"
-        raise RuntimeError(f"cannot map CUDA device {index} to an NVML device (no UUID or PCI bus id)")
+    _handle = staticmethod(nvml_handle)  # one implementation (specee/env.py), used by the GPU info too
 
     def energy_j(self) -> float:
         return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1e3  # mJ -> J

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specee.decoding.base import PhaseTimer
 from specee.early_exit.features import SpecProbe, adainfer_features, features_from_logits, initial_p
 from specee.models.draft import DraftHead
+from specee.phases import PhaseTimer
 from specee.runtime import LayerwiseLM
 
 

@@ -26,6 +26,10 @@ class ExitPlan:
     p0: torch.Tensor  # p_prev before the first layer
     target: int | None = None  # replay: exit at the first scheduled layer >= target (after its verification)
 
+    def walk_on_host(self, rt, h, rope, cache, pos, timer, observe=None) -> "ExitValue":
+        """:func:`host_walk` over this plan (the eager runtime's ``walk_exits``)."""
+        return host_walk(rt, self, h, rope, cache, pos, timer, observe)
+
 
 @dataclass
 class ExitValue:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from specee.cards import read_card, safetensors_shapes
+from specee.early_exit.features import features_from_logits
 from specee.errors import SpeceeError
 
 WEIGHTS = "predictors.safetensors"
@@ -195,6 +196,13 @@ class PredictorBank(nn.Module):
 
     def prob(self, layer: int, feats: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logit(layer, feats))
+
+    def decide_from_logits(self, layer: int, logits: torch.Tensor, p_prev: torch.Tensor):
+        """(fire, a device bool; p, the next p_prev) from the speculative tokens' logits at ``layer``:
+        the features of :mod:`specee.early_exit.features`, then :meth:`decide`. The runtime's
+        ``predict`` verb calls this, so the runtime itself needs no feature definition."""
+        feats, p = features_from_logits(logits, p_prev)
+        return self.decide(layer, feats), p
 
     def decide(self, layer: int, feats: torch.Tensor) -> torch.Tensor:
         """The exit decision as a device tensor (reading it on the host is the sync)."""

@@ -109,7 +109,7 @@ def measure_draft_levels(rt, draft, context_ids, widths, rounds: int = 6) -> dic
 
     import torch
 
-    from specee.decoding.base import Clock
+    from specee.phases import Clock
     clock = Clock(rt.device)
     n = context_ids.shape[1]
     dcache = draft.new_cache(n + max(widths) + 2)
