@@ -12,16 +12,15 @@ hold the harness's definition (specee/early_exit/features.py) against it.
 """
 from __future__ import annotations
 
-import hashlib
 import pickle
 import re
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from specee.data import sha256 as sha256_file  # one file hash (specee/data.py)
 from specee.errors import SpeceeError
 
 # Their 32-layer Llama-2-7B layout: K = 4 speculative tokens, 3K = 12 features, 512 hidden units.
@@ -149,14 +148,6 @@ class _Unpickler(pickle.Unpickler):
             self.storages[key] = torch.frombuffer(bytearray(raw), dtype=kind.dtype) if raw else \
                 torch.empty(0, dtype=kind.dtype)
         return self.storages[key]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _unpickle(path: Path):
