@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from specee import results
-from specee.decoding import build_decoder, modes
+from specee.builders import build_decoder
+from specee.decoding import modes
 from specee.env import environment
 from specee.errors import SpeceeError
 from specee.evaluation import answer_figures, drift, registry

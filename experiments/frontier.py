@@ -36,7 +36,8 @@ from specee import ablations, results
 from specee.bench import cost_model as cm
 from specee.bench.inputs import generation_eos, load_prompts
 from specee.bench.speed import match_rate, paired_speedup_ci, time_sides
-from specee.decoding import build_decoder, modes
+from specee.builders import build_decoder
+from specee.decoding import modes
 from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError
 from specee.evaluation.lm import SpeceeLM

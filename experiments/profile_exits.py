@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from specee import data, results
-from specee.decoding import build_decoder, modes
+from specee.builders import build_decoder
+from specee.decoding import modes
 from specee.early_exit.schedule import PROFILE, offline_rule, offline_set
 from specee.errors import SpeceeError
 from specee.io import atomic_dir, project_path

@@ -22,7 +22,8 @@ from specee.bench.speed import (HFStaticCompiled, hf_generate, machine_fingerpri
                                 strongest_dense, time_sides)
 from specee.bench.timing import WARMUP_TOKENS, energy_pass, warm_key, warm_up
 from specee.compiled import graph_stats
-from specee.decoding import build_decoder, build_peer, modes
+from specee.builders import build_decoder, build_peer
+from specee.decoding import modes
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.hf_peer import HFGenerateDecoder
 from specee.decoding.hf_peer import not_applicable as hf_not_applicable

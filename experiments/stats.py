@@ -21,7 +21,8 @@ from specee import results
 from specee.bench.exit_stats import context_similarity, distribution
 from specee.bench.oracle import layer_predictions, oracle_layers, oracle_summary
 from specee.bench.speed import match_rate, speed_metrics
-from specee.decoding import build_decoder, modes
+from specee.builders import build_decoder
+from specee.decoding import modes
 from specee.decoding.dense import DenseDecoder
 from specee.early_exit.schedule import default_window
 from specee.errors import SpeceeError

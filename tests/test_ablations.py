@@ -366,22 +366,12 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
-# The one arrow still pointing back up, and why: a mode with an ``auto`` setting (tree_select,
-# num_tokens, exit_layer) is built by decoding/ and chosen by tuning/, which times decoders. Its fix
-# (the recipes resolve ``auto`` before building) is open; no other arrow may point back.
-KNOWN_BACK_ARROWS = {("specee.decoding", "specee.tuning")}
-
-
 def test_no_loop_between_folders_counting_imports_inside_functions():
     """Folders (the packages of specee/, each top-level module on its own) import one another in one
-    direction only: a deferred import inside a function counts, since it is still a dependency. The
-    known back arrow is removed first; what remains must have no loop at all."""
+    direction only: a deferred import inside a function counts, since it is still a dependency."""
     graph = import_graph()
     folders = folder_graph(graph)
     assert "specee.decoding" in folders["specee.frontier"]
-    for a, b in KNOWN_BACK_ARROWS:
-        assert b in folders[a], f"{a} -> {b} is gone: remove it from KNOWN_BACK_ARROWS"
-        folders[a] = folders[a] - {b}
     loops = cycles(folders)
     assert not loops, "loops between folders:\n" + "\n".join(
         " <-> ".join(c) + "\n    " + "; ".join(

@@ -152,7 +152,7 @@ def _config(options, overrides):
 
 
 def _load_and_build(cfg, tiny):
-    from specee.decoding import build_decoder
+    from specee.builders import build_decoder
     from specee.models.loader import load_model
     from specee.runtime import LayerwiseLM
     model = tiny[0] if cfg.model.path == "specee/artifacts/tiny" else load_model(cfg.model)[0]

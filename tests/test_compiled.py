@@ -113,7 +113,7 @@ def test_compiled_decoding_agrees_with_eager_on_tiny(tiny_runtimes, ablation):
     """Lossless modes: identical tokens (float32, CPU). Early-exit modes: the same tokens and
     exit layers on the same inputs. After the first prompt no graph is compiled again."""
     from specee.compiled import compiled_graphs
-    from specee.decoding import build_decoder
+    from specee.builders import build_decoder
     eager, comp, tok = tiny_runtimes
     cfg = _cfg(ablation)
     de, dc = build_decoder(cfg, eager), build_decoder(cfg, comp)
@@ -178,7 +178,7 @@ def test_compiled_decoding_survives_cuda_graph_output_reuse(tiny_runtimes, ablat
     graph runs (the GPU check's 7B dense step failed on exactly this: 'accessing tensor output of
     CUDAGraphs that has been overwritten by a subsequent run'). Replay semantics simulated on the
     CPU: decoding stays token-identical to eager."""
-    from specee.decoding import build_decoder
+    from specee.builders import build_decoder
     eager, comp, tok = tiny_runtimes
     outputs: list = []
     monkeypatch.setattr(comp, "cudagraphs", True)

@@ -41,7 +41,7 @@ def test_every_rule_is_a_mode_with_its_ablation_and_a_grid_from_the_conservative
 @pytest.fixture(scope="module")
 def rule_setup(tiny):
     from specee.bench.inputs import load_prompts
-    from specee.decoding import build_decoder
+    from specee.builders import build_decoder
     from specee.decoding.dense import DenseDecoder
     from specee.prompts import PromptEncoder
     from specee.runtime import LayerwiseLM

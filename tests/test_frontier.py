@@ -26,7 +26,7 @@ def _cfg(*over):
 @pytest.fixture(scope="module")
 def tiny_setup(tiny):
     from specee.bench.inputs import load_prompts
-    from specee.decoding import build_decoder
+    from specee.builders import build_decoder
     from specee.decoding.dense import DenseDecoder
     from specee.prompts import PromptEncoder
     from specee.runtime import LayerwiseLM

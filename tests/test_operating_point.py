@@ -3,7 +3,6 @@
 where it came from, and refuses in one line what it cannot stand behind."""
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
@@ -44,7 +43,7 @@ def test_the_certified_point_runs_exactly_as_the_frontier_measured_it(frontier, 
     """Built from the setting alone, the decoder repeats the frontier's own real runs at the certified
     point on its timed prompts: the same layers per token and the same sequences (deterministic on CPU)."""
     from specee.bench.inputs import generation_eos, load_prompts
-    from specee.decoding import build_decoder
+    from specee.builders import build_decoder
     from specee.decoding.dense import DenseDecoder
     from specee.prompts import PromptEncoder
     from specee.runtimes import build_runtime

@@ -70,9 +70,17 @@ def validate(cfg) -> None:
         check_frontier(cfg.experiment)
 
 
+def check_budget(delta: float, epsilon: float, delta_name: str = "experiment.delta") -> None:
+    """Both in (0, 1), else one line naming the fix."""
+    for name, v in ((delta_name, delta), ("experiment.epsilon", epsilon)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < 1:
+            shown = name if name.endswith("which") else f"{name}={v!r}"
+            raise SpeceeError(f"{shown} must lie strictly between 0 and 1 (a loss budget and an error "
+                              "rate: e.g. experiment.delta=0.01 experiment.epsilon=0.05)")
+
+
 def check_frontier(e) -> None:
     """A loss budget and an error rate strictly inside (0, 1); a grid of at least two points per knob."""
-    from specee.frontier.calibrate import check_budget
     check_budget(e.delta, e.epsilon)
     for d in e.extra_deltas:
         check_budget(d, e.epsilon, f"experiment.extra_deltas has {d}, which")

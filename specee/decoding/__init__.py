@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specee.decoding import operating_point
-from specee.errors import SpeceeError
 from specee.io import project_path
 from specee.models.loader import check_trained_for
 
@@ -65,31 +63,3 @@ def load_parts(cfg, rt, spec, placement=None) -> Parts:
         rule = spec.exit_rule
         parts.rule = rule.standin(rt) if random_init else rule.load(cfg, rt)
     return parts
-
-
-def build_decoder(cfg, rt, placement=None, shadow: bool = False, profile_phases: bool = False,
-                  eos_id: int | None = None):
-    """The configured decoder, built by its mode's spec from the artifacts it needs.
-    ``placement`` overrides cfg.placement (statistics compare several); ``shadow`` (modes whose
-    spec allows it) records where the all-layers policy would have exited; ``profile_phases``
-    makes CUDA phase reads synchronized (a profiling pass); ``eos_id``: the generation's EOS
-    (prompt lookup cuts its proposals before one)."""
-    from specee.decoding import modes
-    spec = modes.of(cfg.ablation)
-    if shadow and not (spec.shadow and not spec.is_tree(cfg.ablation)):
-        raise SpeceeError(f"shadow exits are defined for autoregressive SpecEE only, not ablation={cfg.ablation.name}")
-    from specee import tuning
-    parts = load_parts(cfg, rt, spec, placement)
-    decoder = spec.build(cfg, rt, parts, shadow=shadow, eos_id=eos_id, tuning=tuning)
-    decoder.profile_phases = profile_phases
-    decoder.operating_point = None
-    if cfg.early_exit.get("operating_point"):  # a frontier's certified point, run exactly
-        operating_point.read(cfg).apply(decoder)
-    return decoder
-
-
-def build_peer(cfg, rt, mode: str, eos_id=None, num_tokens: int | None = None):
-    """A transformers ``generate`` peer (specee/decoding/hf_peer.py)."""
-    from specee import tuning
-    from specee.decoding.hf_peer import build_peer as build
-    return build(cfg, rt, mode, eos_id, num_tokens, tuning=tuning)

@@ -21,16 +21,6 @@ import math
 import numpy as np
 from scipy.stats import binom
 
-from specee.errors import SpeceeError
-
-
-def check_budget(delta: float, epsilon: float, delta_name: str = "experiment.delta") -> None:
-    """Both in (0, 1), else one line naming the fix."""
-    for name, v in ((delta_name, delta), ("experiment.epsilon", epsilon)):
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < 1:
-            shown = name if name.endswith("which") else f"{name}={v!r}"
-            raise SpeceeError(f"{shown} must lie strictly between 0 and 1 (a loss budget and an error "
-                              "rate: e.g. experiment.delta=0.01 experiment.epsilon=0.05)")
 
 
 def binomial_p(losses: np.ndarray, delta: float) -> float:

@@ -12,7 +12,8 @@ import json
 import math
 
 from specee import ablations
-from specee.decoding import build_decoder, modes
+from specee.builders import build_decoder
+from specee.decoding import modes
 from specee.decoding.operating_point import identity, set_point
 from specee.errors import SpeceeError
 from specee.frontier.replay import Policy

@@ -3,7 +3,7 @@ length, the self-speculation draft depth (auto_settings.py) and the draft tree (
 
 They time decoders and read the block-cost table (specee/bench/), so they sit above both the
 decoders and the benchmarks; the decoder registry never imports them. A mode's builder that takes
-an ``auto`` setting is handed this package by :func:`specee.decoding.build_decoder`.
+an ``auto`` setting is handed this package by :func:`specee.builders.build_decoder` (above both).
 """
 from __future__ import annotations
 
