@@ -44,7 +44,7 @@ from specee.evaluation.lm import SpeceeLM
 from specee.frontier import calibrate, certify, pages
 from specee.frontier.policies import build_policies, policy_config, set_operating_point
 from specee.frontier.record import record_generation
-from specee.frontier.replay import (as_generations, generation_metrics, layer_thresholds, oracle_exits,
+from specee.frontier.replay import (as_generations, generation_metrics, knob_thresholds, oracle_exits,
                                     oracle_orders, replay)
 from specee.frontier.tasks import certify_task, record_tasks, task_point
 from specee.io import project_path
@@ -112,7 +112,7 @@ def modelled(counts_fn, gens, dense_counts, units) -> dict:
 def evaluate_point(policy, value, fit_recs, calib_recs, test_recs, units, dense_counts, L) -> dict:
     """One operating point replayed on both halves. A fitted policy's thresholds come from
     ``fit_recs`` only; ``calib_recs`` are the units its calibration reads (never the fitted ones)."""
-    thr = layer_thresholds(policy, value, fit_recs) if policy.kind == "specee" else value
+    thr = knob_thresholds(policy, value, fit_recs)
     row = {"policy": policy.name, "label": policy.label, "knob": policy.knob, "value": value}
     mode = policy.mode
     for half, recs in (("calibration", calib_recs), ("test", test_recs)):

@@ -68,26 +68,31 @@ def _differences(theirs, mine, at: str = "") -> list[str]:
     return [] if theirs == mine else [f"{at}: {theirs!r} there, {mine!r} here"]
 
 
+def _set_bank(decoder, value, per_layer, thresholds):
+    if per_layer:  # the tuned bank: each layer's logit threshold, fitted on the frontier's fit split
+        decoder.predictors.set_layer_thresholds([float(1 / (1 + math.exp(-t))) if math.isfinite(t)
+                                                 else (1.0 if t > 0 else 0.0) for t in map(float, thresholds)])
+    else:
+        decoder.predictors.set_threshold(float(value))
+
+
+# How a decoder of each policy kind takes its knob: the one place a kind is read on this side.
+SETTERS = {"specee": _set_bank,
+           "rule": lambda decoder, value, *_: setattr(decoder, "value", float(value)),
+           "svm": lambda decoder, value, *_: setattr(decoder.svm, "margin", float(value)),
+           "crf": lambda decoder, value, *_: setattr(decoder.svm, "p_stop", float(value))}
+
+
 def set_point(decoder, kind: str, value: float, per_layer: bool = False, thresholds=None,
               kv_policy: str | None = None) -> None:
     """Put a real decoder at a point: its knob ``value``, or for a target precision the per-layer
     logit ``thresholds`` fitted on the frontier's fit split; and, where given, what an exit leaves in
     the skipped layers' K/V (part of the operating point: it changes what later tokens read)."""
+    if kind not in SETTERS:
+        raise SpeceeError(f"an operating point of kind {kind!r} cannot be set (known: {', '.join(SETTERS)})")
     if kv_policy is not None:
         decoder.kv_policy = kv_policy
-    if kind == "specee" and per_layer:
-        decoder.predictors.set_layer_thresholds([float(1 / (1 + math.exp(-t))) if math.isfinite(t)
-                                                 else (1.0 if t > 0 else 0.0) for t in map(float, thresholds)])
-    elif kind == "specee":
-        decoder.predictors.set_threshold(float(value))
-    elif kind == "rule":
-        decoder.value = float(value)
-    elif kind == "svm":
-        decoder.svm.margin = float(value)
-    elif kind == "crf":
-        decoder.svm.p_stop = float(value)
-    else:
-        raise SpeceeError(f"an operating point of kind {kind!r} cannot be set (known: specee, rule, svm, crf)")
+    SETTERS[kind](decoder, value, per_layer, thresholds)
 
 
 @dataclass

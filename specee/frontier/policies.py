@@ -110,8 +110,8 @@ def build_policies(cfg, rt) -> tuple[list[Policy], dict]:
             kind = pcfg.ablation.classifier
             parts[kind] = dec.svm
             parts["ada_decoder"] = parts["ada_decoder"] or dec
-            policies.append(Policy(name, ablations.of(pcfg.ablation).label, kind, "margin" if kind == "svm" else "p_stop",
-                                   margin_grid if kind == "svm" else pstop_grid, mode=pcfg.ablation.mode,
+            knob, grid = {"svm": ("margin", margin_grid), "crf": ("p_stop", pstop_grid)}[kind]
+            policies.append(Policy(name, ablations.of(pcfg.ablation).label, kind, knob, grid, mode=pcfg.ablation.mode,
                                    identity=identity(pcfg)))
     if not policies:
         raise SpeceeError("experiment.policies is empty: name at least one early-exit ablation, e.g. [specee_t1_t2]")

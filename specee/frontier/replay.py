@@ -74,17 +74,19 @@ def layer_thresholds(policy: Policy, value: float, records: list) -> np.ndarray:
     return thr
 
 
-def replay(rec, policy: Policy, thr: np.ndarray | float) -> Exits:
-    """Exits of one request at one operating point (``thr``: per-layer logit thresholds for
-    SpecEE, the margin for the SVM, the P(stop) level for the CRF)."""
-    T, L = rec.argmax.shape
-    layer = np.full(T, L - 1)
-    pred = np.zeros(T, dtype=np.int64)
-    ver = np.zeros(T, dtype=np.int64)
-    probes = np.zeros(T, dtype=np.int64)
-    if policy.kind == "specee":
-        verified = rec.verified
-        scores = rec.scores[policy.bank]
+class SpecEEBank:
+    """SpecEE's predictors under their schedule: the scheduled layers' logits against per-layer
+    thresholds, a fire confirmed by the verification head (recorded per layer), the schedule's state
+    advancing with the replayed exits; p_prev probes where a predictor's previous layer has none."""
+
+    def thresholds(self, policy: Policy, value: float, fit_recs: list) -> np.ndarray:
+        return layer_thresholds(policy, value, fit_recs)
+
+    def replay(self, rec, policy: Policy, thr) -> Exits:
+        T, L = rec.argmax.shape
+        layer = np.full(T, L - 1)
+        pred, ver, probes = (np.zeros(T, dtype=np.int64) for _ in range(3))
+        verified, scores = rec.verified, rec.scores[policy.bank]
         state = policy.schedule.new_request()
         for t in range(T):
             active = policy.schedule.active(state)
@@ -104,19 +106,60 @@ def replay(rec, policy: Policy, thr: np.ndarray | float) -> Exits:
                         probes[t] += 1
             layer[t] = exit_at
             policy.schedule.record(state, exit_at)
-    else:  # AdaInfer and the exit rules: every layer below the last decides on its own
-        if policy.rule is not None:
-            with np.errstate(invalid="ignore"):  # NaN at the last layer, which never decides
-                fire = np.asarray(policy.rule.fires(rec.rules[policy.name], thr), dtype=bool)
-        else:
-            fire = (rec.svm > thr) if policy.kind == "svm" else (rec.crf > thr)
+        return Exits(layer, rec.argmax[np.arange(T), layer], pred, ver, probes, L - 1)
+
+    def host_reads(self, pred_calls: int, verify_calls: int) -> int:
+        """Its speculative set, each predictor decision, each verification argmax and the token."""
+        return pred_calls + 1 + 1 + verify_calls
+
+
+class EveryLayerDecides:
+    """A decision after every layer below the last, each on its own recorded score (AdaInfer's SVM
+    margin or CRF P(stop), an exit rule's score): the first layer that fires is the exit."""
+
+    def __init__(self, fires):
+        self.fires = fires  # (rec, policy, value) -> bool array (steps, layers)
+
+    def thresholds(self, policy: Policy, value: float, fit_recs: list) -> float:
+        return value
+
+    def replay(self, rec, policy: Policy, thr) -> Exits:
+        T, L = rec.argmax.shape
+        fire = np.array(self.fires(rec, policy, thr), dtype=bool)
         fire[:, L - 1] = False
         fire &= rec.exitable[:, None]
         any_fire = fire.any(1)
         layer = np.where(any_fire, fire.argmax(1), L - 1)
         pred = np.where(rec.exitable, np.where(any_fire, layer + 1, L - 1), 0)
-    token = rec.argmax[np.arange(T), layer]
-    return Exits(layer, token, pred, ver, probes, L - 1)
+        z = np.zeros(T, dtype=np.int64)
+        return Exits(layer, rec.argmax[np.arange(T), layer], pred, z, z, L - 1)
+
+    def host_reads(self, pred_calls: int, verify_calls: int) -> int:
+        """Each decision and the token."""
+        return pred_calls + 1
+
+
+def _rule_fires(rec, policy, value):
+    with np.errstate(invalid="ignore"):  # NaN at the last layer, which never decides
+        return np.asarray(policy.rule.fires(rec.rules[policy.name], value), dtype=bool)
+
+
+# How each kind of policy decides, by the ``kind`` its Policy carries: the one place a kind is read.
+DECIDERS = {"specee": SpecEEBank(),
+            "svm": EveryLayerDecides(lambda rec, policy, thr: rec.svm > thr),
+            "crf": EveryLayerDecides(lambda rec, policy, thr: rec.crf > thr),
+            "rule": EveryLayerDecides(_rule_fires)}
+
+
+def knob_thresholds(policy: Policy, value: float, fit_recs: list):
+    """What :func:`replay` takes at knob ``value``: per-layer logit thresholds for SpecEE (fitted on
+    ``fit_recs`` for a target precision), the value itself for the others."""
+    return DECIDERS[policy.kind].thresholds(policy, value, fit_recs)
+
+
+def replay(rec, policy: Policy, thr: np.ndarray | float) -> Exits:
+    """Exits of one request at one operating point (``thr`` from :func:`knob_thresholds`)."""
+    return DECIDERS[policy.kind].replay(rec, policy, thr)
 
 
 def oracle_exits(rec, order: np.ndarray | None = None) -> Exits:
@@ -160,7 +203,7 @@ def trace_of(ex: Exits, policy: Policy) -> list[dict]:
     emit_head = policy.rule is not None and not policy.rule.reads_head
     for e, p, v, d in zip(ex.layer.tolist(), ex.pred_calls.tolist(), ex.verify_calls.tolist(),
                           ex.delta_probes.tolist()):
-        syncs = p + 1 + (1 + v if policy.kind == "specee" else 0)
+        syncs = DECIDERS[policy.kind].host_reads(p, v)
         t = {"exit_layer": e, "layers": e + 1, "pred_calls": p, "verify_calls": v, "delta_probes": d, "syncs": syncs}
         if emit_head:
             t["emit_heads"] = int(e < ex.last_layer)

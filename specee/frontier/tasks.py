@@ -28,7 +28,7 @@ from specee.evaluation.answer_figures import task_labels
 from specee.evaluation.lm import SpeceeLM
 from specee.frontier import certify
 from specee.frontier.record import record_continuations, record_generation
-from specee.frontier.replay import Exits, layer_thresholds, oracle_exits, replay
+from specee.frontier.replay import Exits, knob_thresholds, oracle_exits, replay
 from specee.io import project_path
 
 
@@ -261,7 +261,7 @@ def task_point(task, policy, value, calib_recs, dense: bool = False) -> dict:
     elif policy is None:
         exits_of = lambda rec: oracle_exits(rec)  # noqa: E731
     else:
-        thr = layer_thresholds(policy, value, calib_recs) if policy.kind == "specee" else value
+        thr = knob_thresholds(policy, value, calib_recs)
         exits_of = lambda rec: replay(rec, policy, thr)  # noqa: E731
     out = {"value": value}
     for half in ("calibration", "test"):
