@@ -185,19 +185,23 @@ def calibration_overlap(cfg, samples: dict) -> int | None:
     return sum(s["doc"]["question"].strip() in calib for s in samples["gsm8k"])
 
 
+def on_reuse(cfg, done: dict) -> dict:
+    """A reused accuracy result (specee/launch.py skips the run) is still checked for drift: a
+    skipped run must not hide it."""
+    e, out = cfg.experiment, results.output_dir()
+    if e.check_baseline:
+        baseline = project_path(e.baseline)
+        samples = {t: [json.loads(l) for l in (out / f"samples_{t}.jsonl").read_text().splitlines()]
+                   for t in done["metrics"]["accuracy"] if (out / f"samples_{t}.jsonl").is_file()}
+        rows, ok, gate = drift.check(baseline, cfg.ablation.name, done["settings"], done["metrics"]["accuracy"],
+                                     item_records(samples), e.drift_gate, done.get("env"))
+        _verdict(baseline, rows, ok, gate)
+    return done["metrics"]
+
+
 def run(cfg) -> dict:
     out = results.output_dir()
     e = cfg.experiment
-    if not cfg.force and (done := results.finished(out)):
-        print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
-        if e.check_baseline:  # a skipped run must not hide drift
-            baseline = project_path(e.baseline)
-            samples = {t: [json.loads(l) for l in (out / f"samples_{t}.jsonl").read_text().splitlines()]
-                       for t in done["metrics"]["accuracy"] if (out / f"samples_{t}.jsonl").is_file()}
-            rows, ok, gate = drift.check(baseline, cfg.ablation.name, done["settings"], done["metrics"]["accuracy"],
-                                         item_records(samples), e.drift_gate, done.get("env"))
-            _verdict(baseline, rows, ok, gate)
-        return done["metrics"]
     names = list(e.tasks)
     registry.check_fewshot(names, e.num_fewshot, e.task_source)
     if e.task_source == "shipped":

@@ -239,16 +239,18 @@ def calibrate_task(task: dict, pol, curves: dict, delta: float, epsilon: float) 
     return calibrate_policy(rows, delta, epsilon, "binomial", lambda r, half: r[half]["flips"])
 
 
+def on_reuse(cfg, done: dict) -> dict:
+    """A reused frontier result (specee/launch.py skips the run) still writes its report."""
+    pages.write_report(done, project_path(cfg.experiment.report_dir or f"reports/frontier_{cfg.model.name}"))
+    return done["metrics"]
+
+
 def run(cfg) -> dict:
     e = cfg.experiment
     from omegaconf import open_dict
     with open_dict(cfg):  # the experiment's prompt count and length replace the dataset group's
         cfg.dataset.count, cfg.dataset.max_new_tokens = e.count, e.max_new_tokens
     out = results.output_dir()
-    if not cfg.force and (done := results.finished(out)):
-        print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
-        pages.write_report(done, project_path(e.report_dir or f"reports/frontier_{cfg.model.name}"))
-        return done["metrics"]
     t_start = time.perf_counter()
     prompts = load_prompts(cfg)
     torch.manual_seed(cfg.seed)

@@ -164,9 +164,6 @@ def ceilings(L: int, floor: float, u: dict, block_us, k_calls_t1: float, top1: f
 def run(cfg) -> dict:
     e = cfg.experiment
     out_dir = results.output_dir()
-    if not cfg.force and (done := results.finished(out_dir)):
-        print(f"results exist, skipping (force=true reruns): {out_dir / results.RESULTS}")
-        return done["metrics"]
     prompts = data.load_prompt_set(project_path(cfg.paths.data_root), cfg.dataset)
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)

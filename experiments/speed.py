@@ -469,9 +469,6 @@ def trust_metrics(job: SpeedJob, t: Timed, m: dict, d: dict) -> None:
 
 def run(cfg) -> dict:
     out = results.output_dir()
-    if not cfg.force and (done := results.finished(out)):
-        print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
-        return done["metrics"]
     job = build_job(cfg)
     if (na := not_applicable(job, out)) is not None:
         return na

@@ -44,9 +44,6 @@ def placement_node(cfg, name: str):
 
 def run(cfg) -> dict:
     out = results.output_dir()
-    if not cfg.force and (done := results.finished(out)):
-        print(f"results exist, skipping (force=true reruns): {out / results.RESULTS}")
-        return done["metrics"]
     e = cfg.experiment
     prompts = load_prompts(cfg)
     model, tokenizer = load_model(cfg.model)

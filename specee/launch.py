@@ -1,6 +1,7 @@
 """Dispatch a composed config to its experiment recipe."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -10,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from specee.config import check_choices, recipe, validate
 from specee.data import data_root
 from specee.io import project_path
+from specee.results import RESULTS, finished, output_dir
 from specee.errors import SpeceeError
 
 
@@ -95,7 +97,26 @@ def run_experiment(cfg: DictConfig):
         fn = get_method(target)
     except Exception as err:  # noqa: BLE001 - hydra wraps import errors in its own type
         raise SpeceeError(f"experiment._target_={target!r} cannot be imported: {err}") from err
+    if (done := reused_result(cfg)) is not None:
+        hook = getattr(sys.modules[fn.__module__], "on_reuse", None)  # what a recipe still owes a reused run
+        return hook(cfg, done) if hook is not None else done["metrics"]
     return fn(cfg)
+
+
+def reused_result(cfg) -> dict | None:
+    """Skip-if-done, in one place: a recipe whose facts say it reuses a finished run (sweeps rerun
+    only what is missing) gets the finished result in its folder back, unless force=true; a recipe
+    module may define ``on_reuse(cfg, doc)`` for what a reused run still does (a report, a drift check)."""
+    if cfg.force or not recipe(cfg).reuses_finished:
+        return None
+    try:
+        out = output_dir()
+    except ValueError:  # not under hydra.main (a library call): nothing to reuse
+        return None
+    done = finished(out)
+    if done is not None:
+        print(f"results exist, skipping (force=true reruns): {out / RESULTS}")
+    return done
 
 
 # -- one checked path from the command line to a run ---------------------------------------------
