@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -245,6 +247,139 @@ def on_reuse(cfg, done: dict) -> dict:
     return done["metrics"]
 
 
+@dataclass
+class FrontierJob:
+    """What every phase of the recipe reads, built once."""
+    cfg: Any
+    rt: Any
+    tokenizer: Any
+    dense: Any
+    eos: Any
+    encode: Any
+    policies: list
+    parts: dict
+
+    @property
+    def n_new(self) -> int:
+        return self.cfg.dataset.max_new_tokens
+
+    @property
+    def L(self) -> int:
+        return self.rt.num_layers
+
+
+def record_prompts(job: FrontierJob, ps: list[dict], desc: str) -> tuple[list, list]:
+    """Dense's greedy output per prompt, then its teacher-forced record (every policy's view)."""
+    recs, units = [], []
+    for p in tqdm(ps, desc=desc):
+        ids = job.encode(p["text"], p["id"])
+        gen = job.dense.generate(ids, job.n_new, job.eos)
+        r = record_generation(job.rt, job.parts["draft"], job.parts["banks"], job.cfg.early_exit.k, ids, gen.tokens,
+                              job.parts.get("svm"), job.parts.get("crf"), job.parts["rules"])
+        if r is not None:
+            recs.append(r)
+            units.append(certify.Unit(p["id"], ids, gen.tokens, p["category"]))
+    return recs, units
+
+
+def price_units(job: FrontierJob, ids) -> tuple[dict, dict]:
+    """Unit costs measured here, interleaved (shared ones, and each exit rule's decision apart)."""
+    e, rt, parts = job.cfg.experiment, job.rt, job.parts
+    print("measuring unit costs (interleaved rounds)")
+    units = cm.measure_unit_costs(rt, parts["unit_decoder"], job.dense, ids, job.n_new, rounds=e.cost_rounds)
+    if parts.get("ada_decoder") is not None:
+        ada = cm.measure_unit_costs(rt, parts["ada_decoder"], job.dense, ids, job.n_new, rounds=e.cost_rounds)
+        units["samples_us"]["adainfer_probe"] = ada["samples_us"]["adainfer_probe"]
+    of_policy = {p.name: units for p in job.policies}
+    for name, rdec in parts["rule_decoders"].items():  # each rule's decision has its own price
+        ru = cm.measure_unit_costs(rt, rdec, job.dense, ids, job.n_new, rounds=e.cost_rounds)
+        of_policy[name] = {**units, "samples_us": {**units["samples_us"], "rule_probe": ru["samples_us"]["rule_probe"]}}
+    return units, of_policy
+
+
+def certify_policies(job: FrontierJob, curves: dict, calib_of: dict, test_units: list) -> tuple[dict, dict, dict]:
+    """Per policy: its real decoder, its K/V order (the ablation's own first: on a tie it is the one
+    chosen, and the one timed) and its certification on real runs."""
+    e = job.cfg.experiment
+    calibration, decoders, kv_orders = {}, {}, {}
+    for pol in job.policies:
+        pcfg = policy_config(job.cfg, pol.name)
+        decoders[pol.name] = dec = build_decoder(pcfg, job.rt)
+        kv_orders[pol.name] = kv_order = sorted(e.kv_policies, key=lambda k: k != pcfg.early_exit.kv_policy)
+        calibration[pol.name] = c = certify_real(pol, dec, job.rt, curves[pol.name], kv_order, calib_of[pol.name],
+                                                 test_units, job.n_new, job.eos, e.delta, e.epsilon)
+        print(f"  {pol.name}: " + (f"certified {pol.knob} = {c['value']:g} ({c['kv_policy']}), held-out real loss "
+                                   f"{c['test_loss']:.4f}" if c["chosen"] is not None else c["why_none"]))
+    return calibration, decoders, kv_orders
+
+
+def task_frontiers(job: FrontierJob, out, fit_recs, curves: dict, decoders: dict, kv_orders: dict, deltas) -> dict:
+    """Each task recorded through lm-eval, replayed at every point, screened at every budget and
+    certified on the real decoder's answers at delta."""
+    e = job.cfg.experiment
+    tasks = record_tasks(job.cfg, job.rt, job.tokenizer, job.parts, out)
+    for task in tasks.values():
+        task["points"] = {pol.name: [task_point(task, pol, v, fit_recs) for v in pol.grid] for pol in job.policies}
+        task["oracle"] = task_point(task, None, 0.0, None)
+        if not task["testable"]:
+            continue
+        task["calibration_at"] = {str(d): {pol.name: calibrate_task(task, pol, curves, d, e.epsilon)
+                                           for pol in job.policies} for d in deltas}
+        task["calibration"] = {}
+        for pol in job.policies:
+            rows = [{**p, "thresholds": c["thresholds"],
+                     "calibration": {**p["calibration"], "modelled_speedup": c["calibration"]["modelled_speedup"]},
+                     "test": {**p["test"], "modelled_speedup": c["test"]["modelled_speedup"]}}
+                    for p, c in zip(task["points"][pol.name], curves[pol.name])]
+            lm = SpeceeLM(decoders[pol.name], job.tokenizer, e.max_gen_tokens, prefix_reuse=False)
+            task["calibration"][pol.name] = c = certify_task(task, pol, decoders[pol.name], lm, rows,
+                                                             kv_orders[pol.name], job.L, e.delta, e.epsilon)
+            print(f"  {task['name']} / {pol.name}: " + (
+                f"certified {pol.knob} = {c['value']:g} ({c['kv_policy']}), held-out real flips "
+                f"{c['test_loss']:.4f}" if c["chosen"] is not None else c["why_none"]))
+    return tasks
+
+
+def measure(job: FrontierJob, timed_units: list, curves: dict, calibration: dict, screen_at: dict, tasks: dict,
+            decoders: dict, kv_orders: dict) -> tuple[dict, dict]:
+    """Real runs beside dense on the timed prompts: each replayed policy at spread and chosen points
+    (under each K/V policy a chosen point was certified with), tree SpecEE at its grid, the peers."""
+    e, rt, dense, n_new, eos, seed = job.cfg.experiment, job.rt, job.dense, job.n_new, job.eos, job.cfg.seed
+    for u in timed_units[:1]:  # warm-up, untimed
+        dense.generate(u.ids, min(8, n_new), eos)
+    measured = {}
+    for pol in tqdm(job.policies, desc="real runs"):
+        decoder, own_kv = decoders[pol.name], kv_orders[pol.name][0]
+        cals = [calibration[pol.name]] + [t["calibration"][pol.name] for t in tasks.values() if t.get("calibration")]
+        chosen = {c[pol.name]["chosen"] for c in screen_at.values()}
+        chosen |= {c[pol.name]["chosen"] for t in tasks.values() for c in t.get("calibration_at", {}).values()}
+        chosen |= {c["chosen"] for c in cals}
+        pts = []
+        for j in measured_indices(len(pol.grid), e.measured_points, chosen - {None}):
+            row = curves[pol.name][j]
+            kvs = [own_kv] + sorted({c["kv_policy"] for c in cals if j == c["chosen"] and c["kv_policy"] != own_kv})
+            for kv in kvs:
+                set_operating_point(decoder, pol, row["value"], row["thresholds"], kv)
+                pts.append({"index": j, "value": row["value"], "kv_policy": kv,
+                            **timed(rt, dense, decoder, timed_units, n_new, eos, seed)})
+        measured[pol.name] = pts
+    for name in e.real_only:  # not replayable (tree SpecEE): measured at each grid value
+        pcfg = policy_config(job.cfg, name)
+        decoder = build_decoder(pcfg, rt)
+        pts = []
+        for v in tqdm(sorted(e.real_only_grid, reverse=True), desc=f"real runs {name}"):
+            decoder.predictors.set_threshold(float(v))
+            pts.append({"value": float(v), "kv_policy": pcfg.early_exit.kv_policy,
+                        **timed(rt, dense, decoder, timed_units, n_new, eos, seed)})
+        measured[name] = pts
+    peers = {}
+    for name in e.lossless_peers:
+        pcfg = policy_config(job.cfg, name)
+        decoder = build_decoder(pcfg, rt, eos_id=eos)
+        peers[name] = {"label": ablations.of(pcfg.ablation).label, **timed(rt, dense, decoder, timed_units, n_new, eos, seed)}
+    return measured, peers
+
+
 def run(cfg) -> dict:
     e = cfg.experiment
     from omegaconf import open_dict
@@ -256,9 +391,10 @@ def run(cfg) -> dict:
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model(cfg.model)
     rt = build_runtime(cfg.runtime, model)
-    eos = generation_eos(cfg, tokenizer)
-    L = rt.num_layers
     policies, parts = build_policies(cfg, rt)
+    job = FrontierJob(cfg, rt, tokenizer, DenseDecoder(rt), generation_eos(cfg, tokenizer),
+                      PromptEncoder.for_runtime(tokenizer, rt, cfg.dataset.max_new_tokens), policies, parts)
+    L, n_new = job.L, job.n_new
     held = parts["calibration_prompt_ids"]
     dropped = [p["id"] for p in prompts if p["id"] in held]
     prompts = [p for p in prompts if p["id"] not in held]
@@ -268,25 +404,10 @@ def run(cfg) -> dict:
     if len(calib) < 2 or len(test) < 2:
         raise SpeceeError(f"experiment=frontier needs at least 4 prompts (2 per split); {len(prompts)} are left "
                           "after the predictors' training prompts: raise experiment.count")
-    encode = PromptEncoder.for_runtime(tokenizer, rt, cfg.dataset.max_new_tokens)
-    dense = DenseDecoder(rt)
-    n_new = cfg.dataset.max_new_tokens
-
-    def recs_of(ps, desc):
-        recs, units = [], []
-        for p in tqdm(ps, desc=desc):
-            ids = encode(p["text"], p["id"])
-            gen = dense.generate(ids, n_new, eos)
-            r = record_generation(rt, parts["draft"], parts["banks"], cfg.early_exit.k, ids, gen.tokens,
-                                  parts.get("svm"), parts.get("crf"), parts["rules"])
-            if r is not None:
-                recs.append(r)
-                units.append(certify.Unit(p["id"], ids, gen.tokens, p["category"]))
-        return recs, units
 
     t0 = time.perf_counter()
-    calib_recs, calib_units = recs_of(calib, "record calibration")
-    test_recs, test_units = recs_of(test, "record test")
+    calib_recs, calib_units = record_prompts(job, calib, "record calibration")
+    test_recs, test_units = record_prompts(job, test, "record test")
     record_s = time.perf_counter() - t0
     # a fitted policy is fitted on its own share of the calibration prompts and tested on the rest
     fitted = any(p.per_layer for p in policies)
@@ -294,15 +415,7 @@ def run(cfg) -> dict:
     fit_recs = [r for r, u in zip(calib_recs, calib_units) if u.id in fit_ids]
     ltt_of = {True: [i for i, u in enumerate(calib_units) if u.id in ltt_ids], False: list(range(len(calib_units)))}
     units_of = {p.name: [calib_units[i].id for i in ltt_of[p.per_layer]] for p in policies}
-    print("measuring unit costs (interleaved rounds)")
-    units = cm.measure_unit_costs(rt, parts["unit_decoder"], dense, test_units[0].ids, n_new, rounds=e.cost_rounds)
-    if parts.get("ada_decoder") is not None:
-        ada = cm.measure_unit_costs(rt, parts["ada_decoder"], dense, test_units[0].ids, n_new, rounds=e.cost_rounds)
-        units["samples_us"]["adainfer_probe"] = ada["samples_us"]["adainfer_probe"]
-    units_of_policy = {p.name: units for p in policies}
-    for name, rdec in parts["rule_decoders"].items():  # each rule's decision has its own price
-        ru = cm.measure_unit_costs(rt, rdec, dense, test_units[0].ids, n_new, rounds=e.cost_rounds)
-        units_of_policy[name] = {**units, "samples_us": {**units["samples_us"], "rule_probe": ru["samples_us"]["rule_probe"]}}
+    units, units_of_policy = price_units(job, test_units[0].ids)
     dense_counts = cm.count_work([type("G", (), {"tokens": [0] * (n_new + 1), "trace": []})()], L,
                                  modes.reference().name)
 
@@ -323,80 +436,14 @@ def run(cfg) -> dict:
     print(f"certifying on real runs: at most {len(policies)} policies x their tested points x {len(e.kv_policies)} K/V "
           f"policies; each certified point decodes its calibration prompts once ({worst} tokens over all policies"
           f", about {worst * dense_ms / 1000 / 60:.1f} min at dense speed; a point that cannot pass stops early)")
-    calibration, decoders, kv_orders = {}, {}, {}
-    for pol in policies:
-        pcfg = policy_config(cfg, pol.name)
-        decoders[pol.name] = dec = build_decoder(pcfg, rt)
-        # the ablation's own K/V policy first: on a tie it is the one chosen, and it is the one timed
-        kv_orders[pol.name] = kv_order = sorted(e.kv_policies, key=lambda k: k != pcfg.early_exit.kv_policy)
-        calibration[pol.name] = certify_real(pol, dec, rt, curves[pol.name], kv_order,
-                                             [calib_units[i] for i in ltt_of[pol.per_layer]], test_units,
-                                             n_new, eos, e.delta, e.epsilon)
-        c = calibration[pol.name]
-        print(f"  {pol.name}: " + (f"certified {pol.knob} = {c['value']:g} ({c['kv_policy']}), held-out real loss "
-                                   f"{c['test_loss']:.4f}" if c["chosen"] is not None else c["why_none"]))
+    calibration, decoders, kv_orders = certify_policies(
+        job, curves, {p.name: [calib_units[i] for i in ltt_of[p.per_layer]] for p in policies}, test_units)
+    tasks = task_frontiers(job, out, fit_recs, curves, decoders, kv_orders, deltas) if e.tasks else {}
 
-    tasks = {}
-    if e.tasks:
-        tasks = record_tasks(cfg, rt, tokenizer, parts, out)
-        for task in tasks.values():
-            task["points"] = {pol.name: [task_point(task, pol, v, fit_recs) for v in pol.grid] for pol in policies}
-            task["oracle"] = task_point(task, None, 0.0, None)
-            if task["testable"]:  # the replay screen at every budget, the real decoder's item loss at delta
-                task["calibration_at"] = {str(d): {pol.name: calibrate_task(task, pol, curves, d, e.epsilon)
-                                                   for pol in policies} for d in deltas}
-                task["calibration"] = {}
-                for pol in policies:
-                    rows = [{**p, "thresholds": c["thresholds"],
-                             "calibration": {**p["calibration"], "modelled_speedup": c["calibration"]["modelled_speedup"]},
-                             "test": {**p["test"], "modelled_speedup": c["test"]["modelled_speedup"]}}
-                            for p, c in zip(task["points"][pol.name], curves[pol.name])]
-                    lm = SpeceeLM(decoders[pol.name], tokenizer, e.max_gen_tokens, prefix_reuse=False)
-                    task["calibration"][pol.name] = c = certify_task(task, pol, decoders[pol.name], lm, rows,
-                                                                     kv_orders[pol.name], L, e.delta, e.epsilon)
-                    print(f"  {task['name']} / {pol.name}: " + (
-                        f"certified {pol.knob} = {c['value']:g} ({c['kv_policy']}), held-out real flips "
-                        f"{c['test_loss']:.4f}" if c["chosen"] is not None else c["why_none"]))
-
-    # Real runs beside dense on a stratified sample of the test prompts
-    by_id = {u.id: u for u in test_units}
+    by_id = {u.id: u for u in test_units}  # timed: a stratified sample of the test prompts
     timed_units = [by_id[p["id"]] for p in stratified_sample([p for p in test if p["id"] in by_id],
                                                              e.timed_prompts, cfg.seed)]
-    for u in timed_units[:1]:  # warm-up, untimed
-        dense.generate(u.ids, min(8, n_new), eos)
-    measured = {}
-    for pol in tqdm(policies, desc="real runs"):
-        decoder = decoders[pol.name]
-        own_kv = kv_orders[pol.name][0]
-        cal = calibration[pol.name]
-        chosen = {c[pol.name]["chosen"] for c in screen_at.values()}
-        chosen |= {c[pol.name]["chosen"] for t in tasks.values() for c in t.get("calibration_at", {}).values()}
-        chosen |= {t["calibration"][pol.name]["chosen"] for t in tasks.values() if t.get("calibration")}
-        pts = []
-        for j in measured_indices(len(pol.grid), e.measured_points, (chosen | {cal["chosen"]}) - {None}):
-            row = curves[pol.name][j]
-            cals = [cal] + [t["calibration"][pol.name] for t in tasks.values() if t.get("calibration")]
-            kvs = [own_kv] + sorted({c["kv_policy"] for c in cals if j == c["chosen"] and c["kv_policy"] != own_kv})
-            for kv in kvs:
-                set_operating_point(decoder, pol, row["value"], row["thresholds"], kv)
-                r = timed(rt, dense, decoder, timed_units, n_new, eos, cfg.seed)
-                pts.append({"index": j, "value": row["value"], "kv_policy": kv, **r})
-        measured[pol.name] = pts
-    for name in e.real_only:  # not replayable (tree SpecEE): measured at each grid value
-        pcfg = policy_config(cfg, name)
-        decoder = build_decoder(pcfg, rt)
-        pts = []
-        for v in tqdm(sorted(e.real_only_grid, reverse=True), desc=f"real runs {name}"):
-            decoder.predictors.set_threshold(float(v))
-            pts.append({"value": float(v), "kv_policy": pcfg.early_exit.kv_policy,
-                        **timed(rt, dense, decoder, timed_units, n_new, eos, cfg.seed)})
-        measured[name] = pts
-    peers = {}
-    for name in e.lossless_peers:
-        pcfg = policy_config(cfg, name)
-        decoder = build_decoder(pcfg, rt, eos_id=eos)
-        peers[name] = {"label": ablations.of(pcfg.ablation).label,
-                       **timed(rt, dense, decoder, timed_units, n_new, eos, cfg.seed)}
+    measured, peers = measure(job, timed_units, curves, calibration, screen_at, tasks, decoders, kv_orders)
 
     refutations = {pol.name: refute_policy(curves[pol.name], measured[pol.name], e.delta, e.epsilon, n_new)
                    for pol in policies}
