@@ -51,10 +51,9 @@ import torch.nn.functional as F
 from specee.early_exit.features import features_from_logits, folded_logits
 from specee.early_exit.predictor import mlp_logit
 from specee.errors import SpeceeError
-from specee.layer_math import rms_norm, rotate_half
+from specee.layer_math import RMS_NORMS, rms_norm, rotate_half
 from specee.runtime import LayerKVCache, LayerwiseLM
 
-_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
 
 
 def static_input(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -173,9 +172,9 @@ def fuse_layer(layer) -> FusedLayer:
           and all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
           and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))
           and not hasattr(attn, "q_norm") and getattr(mlp, "act_fn", None).__class__.__name__ in ("SiLU", "SiLUActivation")
-          and type(layer.post_attention_layernorm).__name__ in _RMS_NORMS
+          and type(layer.post_attention_layernorm).__name__ in RMS_NORMS
           and (isinstance(layer.input_layernorm, torch.nn.Identity)
-               or type(layer.input_layernorm).__name__ in _RMS_NORMS)
+               or type(layer.input_layernorm).__name__ in RMS_NORMS)
           and mlp.down_proj.bias is None and mlp.gate_proj.bias is None)
     if not ok:
         raise SpeceeError(f"runtime=compiled supports Llama-style decoder layers (RMSNorm, q/k/v/o and "

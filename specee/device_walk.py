@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specee.layer_math import rms_norm, rotate_half  # the compiled layer step's own math
+from specee.layer_math import RMS_NORMS, rms_norm, rotate_half  # the compiled layer step's own math
 from specee.early_exit.exits import ExitPlan, ExitValue
 from specee.early_exit.features import features_from_logits, folded_logits
 from specee.early_exit.predictor import mlp_logit
@@ -125,8 +125,7 @@ class DeviceWalk:
     """The device-decided walk over a compiled runtime's layers and static KV cache."""
 
     def __init__(self, rt):
-        if getattr(rt.norm, "weight", None) is None or type(rt.norm).__name__ not in (
-                "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"):
+        if getattr(rt.norm, "weight", None) is None or type(rt.norm).__name__ not in RMS_NORMS:
             raise SpeceeError("runtime.exit_control=device supports Llama-style RMSNorm models; use "
                               "runtime.exit_control=host")
         self.rt = rt

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import torch
 
+# The Hugging Face norm classes that compute weight * h / rms(h), the one list of them: the compiled
+# step and the device walk run them with rms_norm below, and SpecEE's probe folds their weight into
+# the speculative tokens' LM-head rows (specee/early_exit/features.py).
+RMS_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+
 
 def rms_norm(h, w, eps: float):
     x = h.float()

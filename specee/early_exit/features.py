@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from specee.layer_math import RMS_NORMS
+
 FEATURE_DEFINITION = ("concat(z, softmax(z), softmax(z) - p_prev) with z = norm(h_l) @ lm_head.weight[S].T, "
                       "S = draft top-K in rank order, p_prev = softmax(z) at layer l-1 for this token, "
                       "uniform 1/K at layer 0")
@@ -34,8 +36,7 @@ def delta_probe_layers(eligible: list[bool], delta_from: str) -> list[bool]:
     return [i + 1 < n and eligible[i + 1] and not eligible[i] for i in range(n)]
 
 
-# RMSNorms computing weight * h / rms(h): their weight can be folded into the K lm_head rows.
-_FOLDABLE_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+# RMSNorms computing weight * h / rms(h) (specee/layer_math.py): their weight folds into the K lm_head rows.
 
 
 def folded_logits(h: torch.Tensor, rows: torch.Tensor, eps: float, inv_d: float) -> torch.Tensor:
@@ -60,7 +61,7 @@ class SpecProbe:
 
     def __init__(self, rt, spec: torch.Tensor):
         norm, w = rt.norm, rt.lm_head.weight[spec]
-        self.fast = type(norm).__name__ in _FOLDABLE_NORMS
+        self.fast = type(norm).__name__ in RMS_NORMS
         if self.fast:
             self.rows = w.float() * norm.weight.float()
             self.eps, self.inv_d = norm.variance_epsilon, 1.0 / w.shape[-1]
