@@ -36,8 +36,6 @@ def delta_probe_layers(eligible: list[bool], delta_from: str) -> list[bool]:
     return [i + 1 < n and eligible[i + 1] and not eligible[i] for i in range(n)]
 
 
-# RMSNorms computing weight * h / rms(h) (specee/layer_math.py): their weight folds into the K lm_head rows.
-
 
 def folded_logits(h: torch.Tensor, rows: torch.Tensor, eps: float, inv_d: float) -> torch.Tensor:
     """z = norm(h) @ W[S].T with the RMSNorm's weight folded into ``rows`` (float32): one (K x d)
@@ -61,7 +59,7 @@ class SpecProbe:
 
     def __init__(self, rt, spec: torch.Tensor):
         norm, w = rt.norm, rt.lm_head.weight[spec]
-        self.fast = type(norm).__name__ in RMS_NORMS
+        self.fast = type(norm).__name__ in RMS_NORMS  # weight * h / rms(h): the weight folds into the rows
         if self.fast:
             self.rows = w.float() * norm.weight.float()
             self.eps, self.inv_d = norm.variance_epsilon, 1.0 / w.shape[-1]
