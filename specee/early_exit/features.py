@@ -36,7 +36,6 @@ def delta_probe_layers(eligible: list[bool], delta_from: str) -> list[bool]:
     return [i + 1 < n and eligible[i + 1] and not eligible[i] for i in range(n)]
 
 
-
 def folded_logits(h: torch.Tensor, rows: torch.Tensor, eps: float, inv_d: float) -> torch.Tensor:
     """z = norm(h) @ W[S].T with the RMSNorm's weight folded into ``rows`` (float32): one (K x d)
     mat-vec and the RMS of h. The eager probe and the compiled predictor step both call this."""
