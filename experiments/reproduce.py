@@ -57,7 +57,7 @@ def certified_policies(src) -> set[str]:
     """The ablations a frontier result certified a point for (each job then checks its point)."""
     if not src:
         return set()
-    doc, _ = read_frontier(str(src))
+    doc, _ = read_frontier(str(src), "experiment.operating_point")
     return {name for name, c in doc["metrics"]["calibration"].items() if c.get("chosen") is not None}
 
 

@@ -176,3 +176,15 @@ def test_the_main_job_runs_each_certified_ablation_at_its_point_and_no_other(fro
 def test_every_early_exit_row_of_the_report_states_the_loss_it_runs_at(rows, says):
     from specee.report_pages.speed import loss_cell
     assert loss_cell(rows) == says
+
+
+def test_the_main_job_refuses_a_point_that_is_not_a_frontier_result(tmp_path):
+    from experiments.reproduce import plan
+    from hydra import compose, initialize_config_dir
+    from specee.config import register
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", ["experiment=reproduce", f"experiment.operating_point={tmp_path / 'nowhere'}"])
+    with pytest.raises(SpeceeError) as err:
+        plan(cfg)
+    assert str(err.value).startswith(f"experiment.operating_point={tmp_path / 'nowhere'}: no frontier result there")

@@ -132,25 +132,26 @@ class OperatingPoint:
                 f"[{h['interval'][0]:.4f}, {h['interval'][1]:.4f}] over {h['units']} prompts) by {self.source}")
 
 
-def _refuse(src: str, why: str) -> SpeceeError:
-    return SpeceeError(f"early_exit.operating_point={src}: {why}")
+def _refuse(src: str, why: str, key: str = "early_exit.operating_point") -> SpeceeError:
+    return SpeceeError(f"{key}={src}: {why}")
 
 
-def read_frontier(src: str) -> tuple[dict, Path]:
-    """The frontier result at ``src`` (a report folder holding frontier.json, or a results.json)."""
+def read_frontier(src: str, key: str = "early_exit.operating_point") -> tuple[dict, Path]:
+    """The frontier result at ``src`` (a report folder holding frontier.json, or a results.json);
+    ``key``: the setting that named it, for the error."""
     path = project_path(src)
     file = next((path / n for n in RESULT_FILES if (path / n).is_file()), None) if path.is_dir() else path
     if file is None or not file.is_file():
         raise _refuse(src, "no frontier result there; give a frontier report folder (holding frontier.json) or "
-                           "a frontier job's results.json, made by `python run.py experiment=frontier`")
+                           "a frontier job's results.json, made by `python run.py experiment=frontier`", key)
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise _refuse(src, f"{file.name} is not JSON ({err}); re-run experiment=frontier") from None
+        raise _refuse(src, f"{file.name} is not JSON ({err}); re-run experiment=frontier", key) from None
     m = doc.get("metrics") if isinstance(doc, dict) else None
     if not isinstance(m, dict) or not all(k in m for k in ("calibration", "curves", "policies", "delta")):
         raise _refuse(src, f"{file.name} is not a frontier result (no calibration, curves and policies); "
-                           "give the folder experiment=frontier wrote")
+                           "give the folder experiment=frontier wrote", key)
     return doc, file
 
 
