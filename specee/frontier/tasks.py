@@ -264,8 +264,7 @@ def task_point(task, policy, value, calib_recs, dense: bool = False) -> dict:
         thr = knob_thresholds(policy, value, calib_recs)
         exits_of = lambda rec: replay(rec, policy, thr)  # noqa: E731
     out = {"value": value}
-    for half in ("calibration", "test"):
-        items = [i for i in task["items"] if (i["doc_id"] in task["calibration_ids"]) == (half == "calibration")]
+    for half, items in halves(task).items():
         vals, layers, pairs, exits = [], [], [], []
         for it in items:
             v, lay, pair, ex = _item_value(task, it, exits_of)
