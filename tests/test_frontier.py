@@ -522,3 +522,13 @@ def test_a_replayed_generation_keeps_denses_answer_only_while_every_token_is_den
     ex = replay(recs[0], pol, thr)
     v, _, _, exits = _item_value(task, item, lambda rec: replay(rec, pol, thr))
     assert exits and v == (1.0 if (ex.token == recs[0].final).all() else 0.0)
+
+
+def test_each_row_claims_in_its_own_policy_name():
+    """SpecEE's rows test the paper's claim; a peer's (AdaInfer, an exit rule) its own, never SpecEE's."""
+    from specee.frontier.pages import claim_of
+    assert claim_of({"kind": "specee", "label": "T1+T2"}).startswith("SpecEE (T1+T2) is faster")
+    for kind, label in (("svm", "AdaInfer (SVM)"), ("crf", "AdaInfer (CRF)"), ("rule", "CALM softmax")):
+        text = claim_of({"kind": kind, "label": label})
+        assert text.startswith(f"{label} (a peer, not SpecEE)") and "SpecEE (" not in text
+    assert claim_of({"label": "T1"}).startswith("SpecEE (T1)")  # a result from before kinds were recorded

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from specee.errors import SpeceeError
+from specee.frontier.replay import DECIDERS
 
 
 def replay_vs_real(curves: dict, measured: dict) -> dict:
@@ -76,8 +77,9 @@ def closest_to_oracle(m: dict, d: float, ob: dict) -> str:
 
 def claim_of(policy: dict) -> str:
     """The claim a row tests, in the policy's own name: SpecEE's for SpecEE, a peer's for a peer."""
-    who = f"SpecEE ({policy['label']})" if policy.get("kind", "specee") == "specee" else \
-        f"{policy['label']} (a peer, not SpecEE)"
+    # the kinds' registry says whose claim a kind tests; results from before kinds were recorded are SpecEE's
+    decider = DECIDERS.get(policy.get("kind"), DECIDERS["specee"])
+    who = f"SpecEE ({policy['label']})" if decider.is_specee else f"{policy['label']} (a peer, not SpecEE)"
     return f"{who} is faster than dense at <= delta loss"
 
 

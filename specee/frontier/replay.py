@@ -78,6 +78,7 @@ class SpecEEBank:
     """SpecEE's predictors under their schedule: the scheduled layers' logits against per-layer
     thresholds, a fire confirmed by the verification head (recorded per layer), the schedule's state
     advancing with the replayed exits; p_prev probes where a predictor's previous layer has none."""
+    is_specee = True  # its rows test the paper's own claim (the others test a peer's)
 
     def thresholds(self, policy: Policy, value: float, fit_recs: list) -> np.ndarray:
         return layer_thresholds(policy, value, fit_recs)
@@ -116,6 +117,7 @@ class SpecEEBank:
 class EveryLayerDecides:
     """A decision after every layer below the last, each on its own recorded score (AdaInfer's SVM
     margin or CRF P(stop), an exit rule's score): the first layer that fires is the exit."""
+    is_specee = False
 
     def __init__(self, fires):
         self.fires = fires  # (rec, policy, value) -> bool array (steps, layers)
