@@ -26,7 +26,7 @@ from specee.errors import SpeceeError
 from specee.evaluation import answer_figures, drift, registry
 from specee.io import project_path
 from specee.models.loader import load_model
-from specee.runtimes import build_runtime
+from specee.runtime.build import build_runtime
 
 
 def _key(metric: str, filt: str) -> str:

@@ -21,7 +21,7 @@ from specee.io import project_path, write_json_atomic
 from specee.models.draft_vocab import VOCAB_FILE, frequency_table
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder, format_conversation
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def run(cfg) -> dict:

@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from specee import ablations, results
-from specee.bench import cost_model as cm
+from specee.cost_model import priced_work as cm
 from specee.bench.inputs import generation_eos, load_prompts
 from specee.bench.speed import match_rate, paired_speedup_ci, time_sides
 from specee.builders import build_decoder
@@ -52,7 +52,7 @@ from specee.frontier.tasks import certify_task, record_tasks, task_point
 from specee.io import project_path
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder
-from specee.runtimes import build_runtime
+from specee.runtime.build import build_runtime
 
 
 def split(prompts: list[dict], seed: int, share: float = 0.5) -> tuple[list[dict], list[dict]]:

@@ -39,15 +39,15 @@ import time
 import torch
 
 from specee import data, results
-from specee.bench import cost_model as cm
-from specee.bench.block_cost import cost_of, measure_block_costs
+from specee.cost_model import priced_work as cm
+from specee.cost_model.block_costs import cost_of, measure_block_costs
 from specee.bench.oracle import layer_predictions, oracle_layers
 from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError
 from specee.io import project_path
 from specee.models.loader import load_model
 from specee.prompts import format_conversation
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 GPU = {"name": "analytic A100-80GB", "bandwidth_gb_s": 2039.0, "kernel_us": 4.0, "sync_us": 10.0}
 T2_CALL_SHARE = 1 / 3  # predictor calls of T1+T2 per call of T1 (tiny: 10.4 / 27.1 per token)

@@ -19,7 +19,7 @@ from specee.errors import SpeceeError
 from specee.io import atomic_dir, project_path
 from specee.models.loader import load_model
 from specee.prompts import format_conversation
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def run(cfg) -> dict:

@@ -15,13 +15,13 @@ from tqdm import tqdm
 from specee import results
 from specee.bench.exit_metrics import early_exit_metrics, oracle_gap
 from specee.bench.inputs import check_disjoint_from_calibration, generation_eos, load_prompts
-from specee.bench.modelled_speed import cost_model
+from specee.cost_model.speed_job import cost_model
 from specee.bench.power import EnergyMeter
 from specee.bench.speed import (HFStaticCompiled, hf_generate, machine_fingerprint, match_rate, noisy_reasons,
                                 paired_speedup_ci, peer_metrics, print_summary, speculation_sources, speed_metrics,
                                 strongest_dense, time_sides)
 from specee.bench.timing import WARMUP_TOKENS, energy_pass, warm_key, warm_up
-from specee.compiled import graph_stats
+from specee.runtime.compiled import graph_stats
 from specee.builders import build_decoder, build_peer
 from specee.decoding import modes
 from specee.decoding.dense import DenseDecoder
@@ -32,8 +32,8 @@ from specee.env import machine_load
 from specee.frontier.certify import Unit, own_context_loss
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder, format_conversation
-from specee.runtime import LayerwiseLM
-from specee.runtimes import build_runtime
+from specee.runtime.layerwise import LayerwiseLM
+from specee.runtime.build import build_runtime
 
 
 def build_peer_side(cfg, rt, decoder, eos):

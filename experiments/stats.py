@@ -29,7 +29,7 @@ from specee.errors import SpeceeError
 from specee.io import PROJECT_ROOT
 from specee.models.loader import load_model
 from specee.prompts import PromptEncoder
-from specee.runtimes import build_runtime
+from specee.runtime.build import build_runtime
 
 
 def placement_node(cfg, name: str):

@@ -29,7 +29,7 @@ from specee.io import atomic_dir, project_path
 from specee.models.draft import DraftHead
 from specee.models.loader import load_model, weights_fingerprint
 from specee.prompts import format_conversation
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def pack(streams: list[list[int]], seq_len: int) -> torch.Tensor:

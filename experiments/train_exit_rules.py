@@ -25,7 +25,7 @@ from specee.exit_rules import registered
 from specee.io import atomic_dir, project_path
 from specee.models.loader import load_model, weights_fingerprint
 from specee.prompts import format_conversation
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 @torch.inference_mode()

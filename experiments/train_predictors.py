@@ -46,7 +46,7 @@ from specee.io import atomic_dir, project_path
 from specee.models.draft import load_draft
 from specee.models.loader import load_model
 from specee.prompts import format_conversation
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def train_svm(x: np.ndarray, y: np.ndarray, max_samples: int, seed: int) -> tuple[AdaInferSVM, dict]:

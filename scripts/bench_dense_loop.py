@@ -32,7 +32,7 @@ def main() -> int:
     from specee.bench.op_count import hf_forward_ops_per_token, loop_ops_per_token
     from specee.bench.speed import hf_generate
     from specee.decoding.dense import DenseDecoder
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(ROOT / "specee" / "artifacts" / "tiny"))

@@ -45,8 +45,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
-    from specee.compiled import CompiledLM
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.compiled import CompiledLM
+    from specee.runtime.layerwise import LayerwiseLM
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(ROOT / "specee" / "artifacts" / "tiny", dtype=torch.float32).eval()
     prompt = torch.tensor([[1, 50, 60, 70, 80, 90, 100, 110]])

@@ -91,7 +91,7 @@ AA_EAGER_7B = [*big("llama2_7b", tokens=32), "experiment.compare_hf_generate=fal
 
 def conditional_nodes_missing() -> str | None:
     """Why runtime.exit_control=device cannot run on this machine's GPU (None: it can)."""
-    from specee.device_walk import conditional_nodes_problem
+    from specee.runtime.device_walk import conditional_nodes_problem
     return conditional_nodes_problem("cuda")
 
 

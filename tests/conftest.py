@@ -40,7 +40,7 @@ def early_exit_parts(layers: int, k: int = 4, arch: str = "llama", rt=None):
     layer, zero-mean output)."""
     from specee.early_exit.predictor import PredictorBank
     from specee.models.draft import DraftHead
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     rt = rt if rt is not None else LayerwiseLM(random_lm(arch, layers=layers, seed=0))
     torch.manual_seed(1)
     draft = DraftHead(rt.config).attach(rt).eval()

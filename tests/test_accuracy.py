@@ -13,7 +13,7 @@ from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError
 from specee.evaluation import drift, registry
 from specee.evaluation.lm import SpeceeLM
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
 DATA = (ROOT / os.environ.get("SPECEE_DATA_ROOT", "data")).resolve()

@@ -154,7 +154,7 @@ def _config(options, overrides):
 def _load_and_build(cfg, tiny):
     from specee.builders import build_decoder
     from specee.models.loader import load_model
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     model = tiny[0] if cfg.model.path == "specee/artifacts/tiny" else load_model(cfg.model)[0]
     build_decoder(cfg, LayerwiseLM(model))
 

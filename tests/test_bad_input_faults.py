@@ -144,7 +144,7 @@ def _nan_draft(case: Path, key: str, value: float):
 
     def load():
         from specee.models.draft import load_draft
-        from specee.runtime import LayerwiseLM
+        from specee.runtime.layerwise import LayerwiseLM
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(ART / "tiny", dtype=torch.float32)
         load_draft(case, LayerwiseLM(model))
@@ -259,7 +259,7 @@ def _model_folder(tmp_path):
 def _load_draft(folder):
     from transformers import AutoModelForCausalLM
     from specee.models.draft import load_draft
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     load_draft(folder, LayerwiseLM(AutoModelForCausalLM.from_pretrained(ART / "tiny", dtype=torch.float32)))
 
 

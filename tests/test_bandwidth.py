@@ -2,7 +2,7 @@ import torch
 
 from conftest import random_lm
 from specee.bench.bandwidth import bound, bytes_per_token, copy_bandwidth
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def test_bytes_per_token_counts_layers_head_and_kv():

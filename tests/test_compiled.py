@@ -16,8 +16,8 @@ def _prefilled(rt, ids):
 @pytest.mark.slow  # 34 s for qwen2 on a 2-core machine
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # GQA 4/2; qwen2 adds q/k/v biases
 def test_compiled_layer_step_matches_the_model_layer(arch):
-    from specee.compiled import CompiledLM, StaticKVCache
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.compiled import CompiledLM, StaticKVCache
+    from specee.runtime.layerwise import LayerwiseLM
     eager, comp = LayerwiseLM(random_lm(arch, layers=2)), CompiledLM(random_lm(arch, layers=2))
     assert comp.fallback is None
     ids = torch.randint(0, 100, (1, 9))
@@ -46,7 +46,7 @@ def test_static_cache_is_zeroed_fixed_and_says_when_full():
     """Attention reads the whole buffer (masked): a NaN in an unused entry would poison every
     output (0 x NaN), so buffers start zeroed; they are the compiled graph's inputs, so they
     never reallocate."""
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     from specee.errors import SpeceeError
     assert CompiledLM(random_lm("llama", layers=2), cache_bucket=64).new_cache(10).keys[0].shape[2] == 64
     rt = CompiledLM(random_lm("llama", layers=2))
@@ -63,13 +63,13 @@ def test_static_cache_is_zeroed_fixed_and_says_when_full():
 
 
 def test_without_a_compiler_it_runs_eagerly_and_says_why(monkeypatch):
-    import specee.compiled as compiled
+    import specee.runtime.compiled as compiled
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
     with pytest.warns(UserWarning, match="falls back to eager"):
         rt = compiled.CompiledLM(random_lm("llama", layers=2))
     assert "C++ compiler" in rt.fallback
     from specee.decoding.dense import DenseDecoder
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     model = random_lm("llama", layers=2)
     ids = torch.randint(0, 100, (1, 6))
     assert DenseDecoder(rt).generate(ids, 6).tokens == DenseDecoder(LayerwiseLM(model)).generate(ids, 6).tokens
@@ -77,7 +77,7 @@ def test_without_a_compiler_it_runs_eagerly_and_says_why(monkeypatch):
 
 def test_unsupported_layers_are_refused_with_the_fix():
     from transformers import LlamaConfig, LlamaForCausalLM
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     from specee.errors import SpeceeError
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, mlp_bias=True)).eval()
@@ -89,8 +89,8 @@ def test_unsupported_layers_are_refused_with_the_fix():
 def tiny_runtimes(tiny):
     """Eager and compiled runtimes over two copies of the committed tiny (fusion re-points weights)."""
     import copy
-    from specee.compiled import CompiledLM
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.compiled import CompiledLM
+    from specee.runtime.layerwise import LayerwiseLM
     model, tok = tiny
     return LayerwiseLM(model), CompiledLM(copy.deepcopy(model)), tok
 
@@ -112,7 +112,7 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily. She",
 def test_compiled_decoding_agrees_with_eager_on_tiny(tiny_runtimes, ablation):
     """Lossless modes: identical tokens (float32, CPU). Early-exit modes: the same tokens and
     exit layers on the same inputs. After the first prompt no graph is compiled again."""
-    from specee.compiled import compiled_graphs
+    from specee.runtime.compiled import compiled_graphs
     from specee.builders import build_decoder
     eager, comp, tok = tiny_runtimes
     cfg = _cfg(ablation)

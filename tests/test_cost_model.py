@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from specee.bench import cost_model as cm
+from specee.cost_model import priced_work as cm
 from specee.decoding.base import Generation
 
 L = 32
@@ -203,7 +203,7 @@ def test_measure_unit_costs_on_tiny_with_specee(tiny):
     from conftest import early_exit_parts
     from specee.decoding.dense import DenseDecoder
     from specee.decoding.specee_ar import SpecEEDecoder
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     rt, draft, bank = early_exit_parts(32, rt=LayerwiseLM(tiny[0]))
     decoder = SpecEEDecoder(rt, draft, bank)
     prompt = torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])
@@ -228,7 +228,7 @@ def test_a_speed_result_is_a_unit_table_for_prediction(tmp_path):
     """A GPU speed job's results.json prices counts like a hand-written table."""
     import json
 
-    from specee.bench.cost_model import predict_speedup
+    from specee.cost_model.priced_work import predict_speedup
     units = {"layer": 10.0, "lm_head": 5.0, "predictor": 1.0, "probe": 0.5, "draft_step": 12.0, "sync": 0.0,
              "step_overhead": 2.0}
     dense = {"steps": 1.0, "layer_steps": 32.0, "priced_lm_heads": 1.0}
@@ -253,7 +253,7 @@ def _paper_like_counts():
 
 
 def test_gpu_paths_price_host_round_trips_and_graph_launches_where_each_path_pays_them():
-    from specee.bench.modelled_speed import GPU_ANALYTIC
+    from specee.cost_model.speed_job import GPU_ANALYTIC
     mode, dense = _paper_like_counts()
     out = cm.predict_paths(mode, dense, 32, "llama2_7b", GPU_ANALYTIC, context=512)
     p = out["paths"]

@@ -40,7 +40,7 @@ def test_warm_up_compiles_every_graph_the_timed_run_needs():
     """With cache_bucket the KV capacity is part of the graph: a warm-up with fewer new tokens
     than the timed run (the old min(8, n) budget) sized a smaller cache, and the timed run
     compiled. Warmed at the timed capacity, the timed run compiles nothing."""
-    from specee.compiled import CompiledLM, compiled_graphs
+    from specee.runtime.compiled import CompiledLM, compiled_graphs
     from specee.decoding.dense import DenseDecoder
     speed = _speed()
     dense = DenseDecoder(CompiledLM(random_lm("llama", layers=2), cache_bucket=16))

@@ -14,7 +14,7 @@ from conftest import early_exit_parts, random_lm
 
 def _recording_step(rt, calls):
     """Replace the compiled step by the plain function, recording its arguments."""
-    from specee.compiled import layer_step
+    from specee.runtime.compiled import layer_step
 
     def step(*args):
         calls.append(args)
@@ -31,7 +31,7 @@ def test_compiled_step_inputs_are_standalone_aligned_and_static_addresses():
     and a mutated non-static input (the K/V buffers, the length) makes cudagraph trees skip the
     graph: every tensor the step takes is its own 16-byte-aligned storage, and the buffers, the
     length and the weights are marked static."""
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     rt = CompiledLM(random_lm("llama", layers=3))
     calls = []
     _recording_step(rt, calls)
@@ -62,9 +62,9 @@ def test_predictor_inputs_are_standalone_and_its_output_is_copied_under_cuda_gra
     """bank.b2[i] is a 0-d view at 4*i bytes (misaligned): the compiled predictor gets per-layer
     copies. Its p outlives the call (the next layer's p_prev) while a layer graph replays in
     between: under CUDA graphs the runtime returns a copy, never the graph's own output."""
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     from specee.decoding.specee_ar import SpecEEDecoder
-    from specee.compiled import predictor_step
+    from specee.runtime.compiled import predictor_step
     rt = CompiledLM(random_lm("llama", layers=4))
     _recording_step(rt, [])  # plain functions: this test is about arguments, not compilation
     draft, bank = _specee_on(rt, 4)
@@ -92,7 +92,7 @@ def test_predictor_inputs_are_standalone_and_its_output_is_copied_under_cuda_gra
 
 def test_predictor_copies_follow_the_bank():
     """Per-layer copies are rebuilt when the bank changes in place (training, loading)."""
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     rt = CompiledLM(random_lm("llama", layers=2))
     _, bank = _specee_on(rt, 2)
     (b1, w1t, w2, b2), t = rt.predictor_params(bank, 1)
@@ -111,8 +111,8 @@ def test_predictor_copies_follow_the_bank():
 
 def test_compiled_per_layer_thresholds_decide_as_eager():
     """The fused compiled predictor with per-layer thresholds fires exactly where the eager one does."""
-    from specee.compiled import CompiledLM
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.compiled import CompiledLM
+    from specee.runtime.layerwise import LayerwiseLM
     model = random_lm("llama", layers=3)
     crt, ert = CompiledLM(model), LayerwiseLM(model)
     _, bank = _specee_on(crt, 3)
@@ -137,7 +137,7 @@ def test_compiled_per_layer_thresholds_decide_as_eager():
 def test_compiled_results_record_cudagraph_skips_and_captures(monkeypatch):
     """graph_stats reads inductor's skip counter and the cudagraph trees' graph count (without
     consuming it); off CUDA the capture count is None, not 0."""
-    import specee.compiled as compiled
+    import specee.runtime.compiled as compiled
     from torch._dynamo.utils import counters
     rt = compiled.CompiledLM(random_lm("llama", layers=2))
     s0 = compiled.graph_stats(rt)
@@ -151,7 +151,7 @@ def test_compiled_results_record_cudagraph_skips_and_captures(monkeypatch):
 
 
 def test_reduce_overhead_means_cuda_graphs_only_on_cuda():
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     assert CompiledLM(random_lm("llama", layers=1), mode="reduce-overhead").cudagraphs is False  # CPU
 
 
@@ -159,7 +159,7 @@ def test_no_c_compiler_on_cuda_falls_back_instead_of_crashing(monkeypatch):
     """Triton builds a C launcher at its first kernel: without cc the run would die mid-decoding."""
     import importlib.util
 
-    import specee.compiled as compiled
+    import specee.runtime.compiled as compiled
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # triton "installed"
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
@@ -176,7 +176,7 @@ def test_gqa_attention_reads_the_cache_in_place(monkeypatch):
     per token) and gives the repeated-heads result."""
     import torch.nn.functional as F
 
-    import specee.compiled as compiled
+    import specee.runtime.compiled as compiled
     torch.manual_seed(0)
     n_q, n_kv, hd, cap, t = 9, 3, 8, 12, 3
     d = n_q * hd
@@ -220,7 +220,7 @@ def test_gqa_attention_reads_the_cache_in_place(monkeypatch):
 
 
 def test_compiled_runtime_refuses_a_model_over_several_devices():
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     from specee.errors import SpeceeError
     model = random_lm("llama", layers=2)
     model.model.layers[1].to("meta")
@@ -232,7 +232,7 @@ def test_requests_reuse_static_buffers_so_cuda_graphs_replay():
     """A CUDA graph reads its static inputs (K/V buffers, lengths) at recorded addresses: with
     cache_bucket a new request gets the buffers of a finished one of its shape, zeroed, rather
     than fresh ones that would make every graph record again inside the timed runs."""
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     from specee.decoding.dense import DenseDecoder
     from specee.decoding.specee_ar import SpecEEDecoder
     rt = CompiledLM(random_lm("llama", layers=3), cache_bucket=16)

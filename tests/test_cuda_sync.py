@@ -112,7 +112,7 @@ def test_every_host_read_of_a_step_is_counted(monkeypatch, arch):
 
 
 STEP_FUNCTIONS = {"specee.decoding.specee_ar": ["SpecEEDecoder.step", "SpecEEDecoder.decode_one_token"],
-                  "specee.early_exit.exits": ["host_walk"],
+                  "specee.runtime.exit_walk": ["host_walk"],
                   "specee.decoding.tree": ["TreeDecoder.step", "TreeDecoder.verify", "TreeDecoder.draft_tree"],
                   "specee.decoding.adainfer": ["AdaInferDecoder.step", "AdaInferDecoder.decode_one_token"]}
 
@@ -136,7 +136,7 @@ def test_rope_takes_the_last_position_from_the_host(monkeypatch):
     """A sliding-window model checks the last position against its window: from the host value
     the caller knows, not int(position_ids.max()) (an uncounted sync per token)."""
     from specee.errors import SpeceeError
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     rt = LayerwiseLM(random_lm("mistral", layers=1))
     pos = torch.tensor([[7]])
     monkeypatch.setattr(torch.Tensor, "max", lambda *a, **k: pytest.fail("position read from the device"))
@@ -151,7 +151,7 @@ def test_tree_verification_builds_its_mask_once_per_step(monkeypatch):
     a few kernels, per step): built once per step and cached length."""
     from specee.decoding.dense import DenseDecoder
     from specee.decoding.tree import TreeDecoder
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     rt, draft, bank = _parts("llama", layers=6)
     builds = []
     real = LayerwiseLM._additive_mask
@@ -183,14 +183,14 @@ def test_tree_verification_builds_its_mask_once_per_step(monkeypatch):
 
 
 def test_a_remembered_mask_equals_a_fresh_one():
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     rt = LayerwiseLM(random_lm("llama", layers=1))
     block = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     wide = rt.mask_for(9, 3, block)
     assert rt.mask_for(9, 3, block) is wide  # the same step and length: not built again
     for past in range(10, 40):  # a fixed tree over a whole generation: the memo stays bounded
         rt.mask_for(past, 3, block)
-    from specee.runtime import MASK_MEMO_SIZE
+    from specee.runtime.layerwise import MASK_MEMO_SIZE
     assert len(rt._mask_memo[3]) == MASK_MEMO_SIZE
     for past in (9, 5, 0):
         assert torch.equal(rt.mask_for(past, 3, block), rt._additive_mask(past, 3, block))
@@ -205,7 +205,7 @@ def test_a_remembered_mask_equals_a_fresh_one():
 def test_a_sharded_models_cache_lives_with_each_layer():
     """device_map=auto spreads layers over GPUs: each layer's K/V on its layer's device, not all
     on the embedding's (meta stands in for a second device)."""
-    from specee.runtime import LayerKVCache, LayerwiseLM
+    from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
     model = random_lm("llama", layers=3)
     model.model.layers[2].to("meta")
     rt = LayerwiseLM(model)
@@ -240,7 +240,7 @@ def test_every_tree_mask_has_the_layout_cudas_attention_kernel_reads(dtype):
     runtime hands a layer (target and draft, EAGLE and SpecEE in the tree, prompts of different
     lengths) starts its own storage and has rows of a multiple of 8 entries (16-byte aligned)."""
     from specee.decoding.tree import TreeDecoder
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     rt, draft, bank = early_exit_parts(6, rt=LayerwiseLM(random_lm("llama", layers=6, seed=0).to(dtype)))
     draft.to(dtype)
     seen = []

@@ -9,14 +9,14 @@ from omegaconf import OmegaConf
 
 from conftest import TINY
 
-from specee.compiled import CompiledLM
+from specee.runtime.compiled import CompiledLM
 from specee.decoding.specee_ar import SpecEEDecoder
 from specee.early_exit.predictor import PredictorBank
 from specee.early_exit.replay import load_replay
 from specee.early_exit.schedule import build_schedule
 from specee.errors import SpeceeError
 from specee.models.draft import load_draft
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 ROOT = TINY.parent.parent.parent
 PROMPT = torch.tensor([[1, 50, 60, 70, 80, 90, 100, 110]])
@@ -81,7 +81,7 @@ def test_the_cuda_graph_path_runs_on_the_cpu_up_to_the_capture_call(tiny, monkey
     """The graph path's own code (static inputs, warm-up on a side stream, capture under the
     conditional-node dispatch mode, replay, restored lengths) with CUDA's primitives faked, so a
     CUDA-only typo there fails here."""
-    import specee.device_walk as dw
+    import specee.runtime.device_walk as dw
     from torch._higher_order_ops import cudagraph_conditional_nodes as cn
     model, _ = tiny
     host = _decoder(CompiledLM(model)).generate(PROMPT, 12)
@@ -130,7 +130,7 @@ def test_the_cuda_graph_path_runs_on_the_cpu_up_to_the_capture_call(tiny, monkey
 
 
 def test_exit_control_device_is_refused_where_it_cannot_run():
-    from specee.device_walk import check_device_exits_supported, conditional_nodes_problem
+    from specee.runtime.device_walk import check_device_exits_supported, conditional_nodes_problem
     from specee.launch import compose_and_check
     base = ["experiment=speed", "model=tiny", "ablation=specee_t1_t2"]
     compose_and_check([*base, "runtime=compiled", "runtime.exit_control=device"])

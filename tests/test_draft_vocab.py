@@ -70,7 +70,7 @@ def test_eagle_with_a_reduced_draft_vocabulary_keeps_dense_tokens(tiny, tmp_path
     """Verification stays over the full vocabulary, so what the draft may propose changes how many
     tokens are accepted, never which: EAGLE stays token-identical to dense greedy decoding."""
     from specee.models.draft import load_draft
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     model, tok = tiny
     rt = LayerwiseLM(model)
     folder = tmp_path / "draft"

@@ -12,7 +12,7 @@ from specee.early_exit.features import adainfer_features, initial_p, spec_featur
 from specee.early_exit.kv_policy import fill_skipped
 from specee.early_exit.predictor import PredictorBank, make_mlp
 from specee.models.draft import DraftHead
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 K = 4
 

@@ -44,7 +44,7 @@ def rule_setup(tiny):
     from specee.builders import build_decoder
     from specee.decoding.dense import DenseDecoder
     from specee.prompts import PromptEncoder
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     model, tok = tiny
     rt = LayerwiseLM(model)
     cfg = _cfg("ablation=specee_t1_t2", "dataset.count=1", "dataset.offset=30")
@@ -134,7 +134,7 @@ def test_a_rule_that_always_fires_emits_layer_zeros_argmax(rule_setup):
 @pytest.mark.parametrize("name, heads_where_exit", [("calm_softmax", 0), ("calm_saturation", 1),
                                                     ("calm_classifier", 1)])
 def test_the_cost_model_prices_each_decision_once_and_the_head_an_exit_needs(rule_setup, name, heads_where_exit):
-    from specee.bench import cost_model as cm
+    from specee.cost_model import priced_work as cm
     from specee.decoding.dense import DenseDecoder
     rt, decs, prompts, gens, recs = rule_setup
     dec = decs[name]

@@ -29,7 +29,7 @@ def tiny_setup(tiny):
     from specee.builders import build_decoder
     from specee.decoding.dense import DenseDecoder
     from specee.prompts import PromptEncoder
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     model, tok = tiny
     rt = LayerwiseLM(model)
     cfg_t2 = _cfg("ablation=specee_t1_t2", "dataset.count=1", "dataset.offset=30")
@@ -413,7 +413,7 @@ def test_the_tuned_thresholds_are_fitted_on_the_fit_split_only(tiny_setup, monke
     reads: the same fit split with other calibration records gives the same thresholds."""
     from importlib import import_module
 
-    import specee.bench.cost_model as cm
+    import specee.cost_model.priced_work as cm
     frontier = import_module("experiments.frontier")
     rt, decs, prompts, gens, recs = tiny_setup
     pol = Policy("tuned", "tuned", "specee", "target_precision", [0.9, 0.7], bank="bank", schedule=decs["t2"].schedule,

@@ -456,12 +456,12 @@ def test_a_failed_step_keeps_its_full_error_not_hydras_last_line(tmp_path):
 
 def test_the_device_walks_captures_are_counted_apart_from_inductors():
     from conftest import random_lm
-    from specee.compiled import CompiledLM, graph_stats
+    from specee.runtime.compiled import CompiledLM, graph_stats
     model = random_lm()
     assert graph_stats(CompiledLM(model))["device_walk_captures"] is None  # host exits: no walk to count
     rt = CompiledLM(model, exit_control="device")
     assert graph_stats(rt)["device_walk_captures"] == 0  # not built yet: nothing recorded
-    from specee.device_walk import DeviceWalk
+    from specee.runtime.device_walk import DeviceWalk
     rt._device_walk = DeviceWalk(rt)
     rt._device_walk.captures = 3  # what capture() counts on a GPU
     assert graph_stats(rt)["device_walk_captures"] == 3

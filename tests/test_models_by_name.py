@@ -31,7 +31,7 @@ def _checkpoint(root: Path, name: str, layers: int) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
     from specee.early_exit.predictor import PredictorBank
     from specee.models.draft import DraftHead
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     torch.manual_seed(0)
     conf = LlamaConfig(vocab_size=1536, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)

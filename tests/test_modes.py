@@ -61,7 +61,7 @@ def test_an_unregistered_mode_is_refused_naming_the_registered_ones():
 
 
 def test_a_registered_mode_runs_through_validation_launcher_cost_model_and_report(echo_mode, tmp_path):
-    from specee.bench import cost_model as cm
+    from specee.cost_model import priced_work as cm
     from specee.launch import compose_and_check, run_experiment
     from specee.report import build_report
     compose_and_check(["experiment=speed", *ECHO, *SMALL])  # validation and preflight

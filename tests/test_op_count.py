@@ -9,7 +9,7 @@ import torch
 
 from specee.bench.op_count import OpCounter, hf_forward_ops, histogram_diff, loop_ops, per_token
 from specee.decoding.dense import DenseDecoder
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 STEPS = 5
 

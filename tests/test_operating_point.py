@@ -46,7 +46,7 @@ def test_the_certified_point_runs_exactly_as_the_frontier_measured_it(frontier, 
     from specee.builders import build_decoder
     from specee.decoding.dense import DenseDecoder
     from specee.prompts import PromptEncoder
-    from specee.runtimes import build_runtime
+    from specee.runtime.build import build_runtime
     m = _doc(frontier)["metrics"]
     cal = m["calibration"][policy]
     assert cal["chosen"] is not None, f"{policy}: nothing certified at delta 0.5 ({cal.get('why_none')})"

@@ -4,7 +4,7 @@ import torch
 from conftest import random_lm
 from specee.bench.oracle import layer_predictions, oracle_layers, oracle_summary
 from specee.decoding.dense import DenseDecoder
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def test_oracle_layers_on_a_toy_trace():

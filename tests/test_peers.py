@@ -12,7 +12,7 @@ from specee.decoding.dense import DenseDecoder
 from specee.decoding.hf_peer import HFGenerateDecoder, not_applicable
 from specee.decoding.pld import PromptLookupDecoder
 from specee.decoding.specee_ar import PromptLookupSpecEEDecoder, SpecEEDecoder, lookup_set
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def _repeated_prompt(seed: int, vocab: int = 101):

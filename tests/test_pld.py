@@ -8,7 +8,7 @@ from conftest import ROOT, random_lm, run_cli
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.pld import PromptLookupDecoder, propose
 from specee.errors import SpeceeError
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def _hf_candidates(ids, num_tokens, ngram, eos, max_length):

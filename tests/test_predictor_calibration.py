@@ -239,7 +239,7 @@ def test_tuned_presets_are_their_base_with_tuned_predictors(preset, base):
 def _parts(layers=6):
     from conftest import random_lm
     from specee.models.draft import DraftHead
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     rt = LayerwiseLM(random_lm("llama", layers=layers, seed=0))
     torch.manual_seed(1)
     return rt, DraftHead(rt.config).attach(rt).eval()

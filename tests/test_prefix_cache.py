@@ -10,7 +10,7 @@ import torch
 from conftest import run_cli
 
 from specee.evaluation.prefix import PrefixReuse, shared_length
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
 

@@ -3,7 +3,7 @@ import torch
 
 from conftest import random_lm
 from specee.decoding.dense import DenseDecoder
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 def hf_greedy(model, ids, n):

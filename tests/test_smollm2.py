@@ -14,7 +14,7 @@ from specee.decoding.dense import DenseDecoder
 from specee.errors import SpeceeError
 from specee.models import fetch as fetch_mod
 from specee.prompts import format_conversation
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 pytestmark = pytest.mark.slow  # real-model parity (SmolLM2-135M): the slow tier
 
@@ -97,7 +97,7 @@ def test_prompts_use_the_checkpoints_own_chat_template(smollm2, tiny):
 def test_dense_loop_equals_hf_generate_on_a_real_llm(smollm2, runtime):
     from types import SimpleNamespace
     from specee.bench.speed import hf_generate
-    from specee.runtimes import build_runtime
+    from specee.runtime.build import build_runtime
     model, tok = smollm2
     rt = build_runtime(SimpleNamespace(kind=runtime, compile_mode="default", max_block=64, cache_bucket=0), model)
     if runtime == "compiled":
@@ -181,7 +181,7 @@ def test_device_exits_decode_as_the_host_walk_on_a_real_llm(smollm2):
     """runtime.exit_control=device (exits decided with torch.cond, one host read per step) against
     the host-branching walk on the compiled runtime and the eager reference, with the committed
     SmolLM2 draft head and predictors: the same tokens, exit layers and counts."""
-    from specee.compiled import CompiledLM
+    from specee.runtime.compiled import CompiledLM
     from specee.decoding.specee_ar import SpecEEDecoder
     from specee.early_exit.predictor import PredictorBank
     from specee.models.draft import load_draft

@@ -62,7 +62,7 @@ def test_tiny_early_exit_artifacts_are_committed(folder, card):
 
 def test_tiny_draft_agrees_with_its_base(tiny):
     from specee.models.draft import load_draft
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.layerwise import LayerwiseLM
     model, tok = tiny
     rt = LayerwiseLM(model)
     draft, card = load_draft(ART / "tiny_draft", rt)

@@ -10,7 +10,7 @@ from specee.decoding.tree_shape import (FIGURE_13, build, chain, independent_uni
 from specee.early_exit.predictor import PredictorBank
 from specee.errors import SpeceeError
 from specee.models.draft import DraftHead
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 K = 4
 HAND = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # nodes 1..6 in this order, 0 = root

@@ -50,7 +50,7 @@ class HFStaticCompiled:
     COUNTERS = ("graphs_compiled", "cudagraph_skips", "cudagraph_captures")
 
     def _counters(self) -> dict:
-        from specee.compiled import compiled_graphs, cudagraph_captures, cudagraph_skips
+        from specee.runtime.compiled import compiled_graphs, cudagraph_captures, cudagraph_skips
         return {"graphs_compiled": compiled_graphs(), "cudagraph_skips": cudagraph_skips(),
                 "cudagraph_captures": cudagraph_captures(self.model.device) or 0}
 

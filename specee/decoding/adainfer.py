@@ -17,7 +17,7 @@ from specee.decoding.base import DecidesAfterEachLayer, LoopDecoder, PhaseTimer
 from specee.early_exit.features import adainfer_features
 from specee.early_exit.kv_policy import fill_skipped
 from specee.errors import SpeceeError
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 CARD = "adainfer_svm.json"
 CRF_CARD = "adainfer_crf.json"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from specee.decoding.base import LoopDecoder, Score, Step, score_from_logits
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 
 @torch.inference_mode()

@@ -10,7 +10,7 @@ import torch
 from specee.decoding.base import DecidesAfterEachLayer, LoopDecoder, PhaseTimer
 from specee.early_exit.kv_policy import fill_skipped
 from specee.exit_rules import ExitRule
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 class ExitRuleDecoder(DecidesAfterEachLayer, LoopDecoder):

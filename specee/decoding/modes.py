@@ -21,7 +21,7 @@ TREE_NEVER, TREE_ALWAYS, TREE_OPTION = "never", "always", "option"
 
 @dataclass(frozen=True)
 class CostCounts:
-    """How the cost model reads a mode's step traces (specee/bench/cost_model.py)."""
+    """How the cost model reads a mode's step traces (specee/cost_model/priced_work.py)."""
     dense: bool = False  # every step: all layers, one LM head (no trace needed)
     lm_head_per_predictor_call: bool = False  # each predictor call is a full LM head (AdaInfer)
     draft_step_per_step: bool = False  # autoregressive: one draft proposal per step (draft_calls if traced)

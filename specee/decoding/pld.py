@@ -20,7 +20,7 @@ import torch
 from specee.decoding.base import LoopDecoder, Step
 from specee.decoding.dense import prefill
 from specee.errors import SpeceeError
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 
 def propose(ids: list[int], num_tokens: int, ngram_size: int, eos_id: int | None = None,

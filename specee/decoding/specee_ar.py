@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from specee.decoding.base import LoopDecoder, PhaseTimer, Score, Step, score_from_logits
-from specee.early_exit.exits import ExitPlan
+from specee.runtime.exit_walk import ExitPlan
 from specee.early_exit.features import SpecProbe, delta_probe_layers, features_from_logits, initial_p
 from specee.early_exit.kv_policy import fill_skipped
 from specee.early_exit.predictor import PredictorBank
 from specee.early_exit.schedule import AllLayers
 from specee.models.draft import DraftHead
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 
 @dataclass

@@ -54,7 +54,7 @@ from specee.early_exit.features import delta_probe_layers, initial_p, spec_featu
 from specee.early_exit.kv_policy import check_policy, fill_skipped
 from specee.early_exit.schedule import AllLayers
 from specee.errors import SpeceeError
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 MAPPINGS = ("independent", "merged")
 EXIT_RULES = ("all_paths", "any_path")  # merged: every hyper-token through the walk's end fires, or one

@@ -15,7 +15,7 @@ import torch
 from specee.early_exit.features import SpecProbe, adainfer_features, features_from_logits, initial_p
 from specee.models.draft import DraftHead
 from specee.phases import PhaseTimer
-from specee.runtime import LayerwiseLM
+from specee.runtime.layerwise import LayerwiseLM
 
 
 @torch.inference_mode()

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from specee.layer_math import RMS_NORMS
+from specee.runtime.exit_math import features_from_logits, folded_logits  # the math the compiled step fuses
+from specee.runtime.layer_math import RMS_NORMS
 
 FEATURE_DEFINITION = ("concat(z, softmax(z), softmax(z) - p_prev) with z = norm(h_l) @ lm_head.weight[S].T, "
                       "S = draft top-K in rank order, p_prev = softmax(z) at layer l-1 for this token, "
@@ -34,13 +35,6 @@ def delta_probe_layers(eligible: list[bool], delta_from: str) -> list[bool]:
         return [False] * len(eligible)
     n = len(eligible)
     return [i + 1 < n and eligible[i + 1] and not eligible[i] for i in range(n)]
-
-
-def folded_logits(h: torch.Tensor, rows: torch.Tensor, eps: float, inv_d: float) -> torch.Tensor:
-    """z = norm(h) @ W[S].T with the RMSNorm's weight folded into ``rows`` (float32): one (K x d)
-    mat-vec and the RMS of h. The eager probe and the compiled predictor step both call this."""
-    v = h.reshape(-1).float()
-    return (rows @ v) * torch.rsqrt(v.dot(v) * inv_d + eps)
 
 
 def initial_p(k: int, like: torch.Tensor, delta_from: str = "previous_layer") -> torch.Tensor:
@@ -69,12 +63,6 @@ class SpecProbe:
         if self.fast:
             return folded_logits(h, self.rows, self.eps, self.inv_d)
         return (self.rows @ self.norm(h).reshape(-1)).float()
-
-
-def features_from_logits(z: torch.Tensor, p_prev: torch.Tensor):
-    """(features (3K,), p (K,)) from the K speculative logits; pass p back as the next p_prev."""
-    p = torch.softmax(z, -1)
-    return torch.cat([z, p, p - p_prev]), p
 
 
 def spec_features(normed_h: torch.Tensor, spec_weight: torch.Tensor, p_prev: torch.Tensor):

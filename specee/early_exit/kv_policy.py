@@ -13,7 +13,7 @@ import sys
 import torch
 
 from specee.errors import SpeceeError
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 POLICIES = ("holes", "propagate")
 

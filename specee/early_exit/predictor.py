@@ -21,6 +21,7 @@ from torch import nn
 
 from specee.cards import read_card, safetensors_shapes
 from specee.early_exit.features import features_from_logits
+from specee.runtime.exit_math import mlp_logit
 from specee.errors import SpeceeError
 
 WEIGHTS = "predictors.safetensors"
@@ -33,12 +34,6 @@ CARD_FIELDS = {"num_layers": "positive", "k": "positive", "threshold": "probabil
 THRESHOLDS = "layer_thresholds"  # card key: one threshold per layer (early_exit.calibration=per_layer)
 _THRESHOLDS_FIX = ("retrain them with experiment.target_precision=P (e.g. 0.8), which stores per-layer "
                    "thresholds, or use early_exit.calibration=global (early_exit.threshold for every layer)")
-
-
-def mlp_logit(feats: torch.Tensor, b1, w1t, w2, b2) -> torch.Tensor:
-    """One layer's predictor logit on a feature vector: relu(W1 f + b1) . w2 + b2 (two fused
-    mat-vecs; ``w1t`` is W1 as (hidden, 3K)). The eager bank and the compiled step both call this."""
-    return torch.addmv(b1, w1t, feats).relu().dot(w2) + b2
 
 
 def logit_threshold(t: float) -> float:

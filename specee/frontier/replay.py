@@ -197,7 +197,7 @@ def oracle_orders(records: list, budget: float) -> list[np.ndarray]:
 
 
 def trace_of(ex: Exits, policy: Policy) -> list[dict]:
-    """The step traces :func:`specee.bench.cost_model.count_work` reads, from replayed exits. Host
+    """The step traces :func:`specee.cost_model.priced_work.count_work` reads, from replayed exits. Host
     reads as the decoder does them: SpecEE reads its speculative set, each predictor decision,
     each verification argmax and the emitted token; AdaInfer and an exit rule each decision and the
     token. An exit rule that does not read the LM head runs one where it exits (``emit_heads``)."""

@@ -5,7 +5,7 @@
 ``f`` is the base model's *final-normed* hidden state (what its lm_head reads), the decoder
 layer is the base model's own layer class without its input norm, and the embeddings, rotary
 embedding and lm_head are the base model's modules, shared, not copied. The head keeps its
-own one-layer :class:`~specee.runtime.LayerKVCache`.
+own one-layer :class:`~specee.runtime.layerwise.LayerKVCache`.
 
 Checkpoints: specee's own format (``draft.safetensors`` + ``draft_card.json``) or an EAGLE-1
 folder (``config.json`` + ``pytorch_model.bin`` / ``*.safetensors`` with ``fc.*`` and
@@ -22,7 +22,7 @@ from torch import nn
 
 from specee.cards import read_card, safetensors_shapes
 from specee.errors import SpeceeError
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 CARD = "draft_card.json"
 WEIGHTS = "draft.safetensors"

@@ -1,7 +1,7 @@
 """Settings chosen from what is measured here rather than fixed for every machine: prompt lookup's
 proposal length (``ablation.num_tokens=auto``) and the self-speculation draft depth
 (``ablation.exit_layer=auto``). Both read the one block-cost table c(n)
-(:mod:`specee.bench.block_cost`) measured on this machine and runtime, and statistics measured on
+(:mod:`specee.cost_model.block_costs`) measured on this machine and runtime, and statistics measured on
 calibration prompts disjoint from evaluation (Spec-Bench from the calibration offset on).
 
 **Proposal length.** Prompt lookup is lossless, so its whole trajectory for a proposal length N
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from specee.bench.block_cost import cost_of, measure_block_costs
+from specee.cost_model.block_costs import cost_of, measure_block_costs
 
 MAX_PROPOSAL = 16  # proposal lengths considered (blocks up to 17 tokens are measured)
 

@@ -1,7 +1,7 @@
 """A draft tree chosen by measured costs (``ablation.tree_select=auto``), not fixed.
 
 EAGLE's default 26-node tree assumes a GPU, where verifying 26 tokens costs about one token. On a
-CPU a verification block of n tokens costs c(n) (:mod:`specee.bench.block_cost`, measured on this
+CPU a verification block of n tokens costs c(n) (:mod:`specee.cost_model.block_costs`, measured on this
 machine and runtime), so the best tree is the one that maximises expected tokens per unit time:
 
     E[tokens | tree] = 1 + sum over nodes v of P(v's path is accepted)
@@ -137,7 +137,7 @@ def measure_draft_levels(rt, draft, context_ids, widths, rounds: int = 6) -> dic
 def select_tree(rt, draft, calibration_prompts, context_ids, max_nodes: int, depth: int = 6, width: int = 4,
                 max_new_tokens: int = 32) -> dict:
     """Measure acceptance, c(n) and the draft's level costs here, and choose the tree (see module doc)."""
-    from specee.bench.block_cost import cost_of, measure_block_costs
+    from specee.cost_model.block_costs import cost_of, measure_block_costs
     acc = measure_acceptance(rt, draft, calibration_prompts, max_new_tokens, depth, width)
     blocks = measure_block_costs(rt, context_ids, sizes=range(1, max_nodes + 2), rounds=6)
     levels = measure_draft_levels(rt, draft, context_ids, range(1, min(max_nodes, width * depth) + 1))

@@ -48,11 +48,10 @@ import torch._dynamo
 from torch._dynamo.utils import counters as _DYNAMO_COUNTERS
 import torch.nn.functional as F
 
-from specee.early_exit.features import features_from_logits, folded_logits
-from specee.early_exit.predictor import mlp_logit
+from specee.runtime.exit_math import features_from_logits, folded_logits, mlp_logit
 from specee.errors import SpeceeError
-from specee.layer_math import RMS_NORMS, rms_norm, rotate_half
-from specee.runtime import LayerKVCache, LayerwiseLM
+from specee.runtime.layer_math import RMS_NORMS, rms_norm, rotate_half
+from specee.runtime.layerwise import LayerKVCache, LayerwiseLM
 
 
 
@@ -227,7 +226,7 @@ def layer_step(h, cos, sin, k_buf, v_buf, length, block, ln1, w_qkv, b_qkv, w_o,
 
 def predictor_step(h, rows, eps: float, inv_d: float, p_prev, b1, w1t, w2, b2, logit_t: float):
     """SpecEE's probe + predictor MLP in one call, from the functions the eager path calls
-    (features.folded_logits, features.features_from_logits, predictor.mlp_logit): fire = logit > t."""
+    (specee/runtime/exit_math.py): fire = logit > t."""
     feats, p = features_from_logits(folded_logits(h, rows, eps, inv_d), p_prev)
     return mlp_logit(feats, b1, w1t, w2, b2) > logit_t, p
 
@@ -299,7 +298,7 @@ class CompiledLM(LayerwiseLM):
     def __init__(self, model, mode: str = "default", max_block: int = 64, cache_bucket: int = 0,
                  exit_control: str = "host"):
         super().__init__(model)
-        from specee.device_walk import check_device_exits_supported
+        from specee.runtime.device_walk import check_device_exits_supported
         check_device_exits_supported(exit_control, self.device)
         self.exit_control = exit_control
         self._device_walk = None
@@ -396,11 +395,11 @@ class CompiledLM(LayerwiseLM):
 
     def walk_exits(self, plan, h, rope, cache, pos, timer, observe=None):
         """With ``exit_control=device`` (and no per-layer observer, which reads every layer on the
-        host) the exits are decided on the device (specee/device_walk.py); else the host walk."""
+        host) the exits are decided on the device (specee/runtime/device_walk.py); else the host walk."""
         if not self.exits_on_device or observe is not None or not isinstance(cache, StaticKVCache):
             return super().walk_exits(plan, h, rope, cache, pos, timer, observe)
         if self._device_walk is None:
-            from specee.device_walk import DeviceWalk
+            from specee.runtime.device_walk import DeviceWalk
             self._device_walk = DeviceWalk(self)
         return self._device_walk.walk(plan, h, rope, cache, timer)
 

@@ -1,7 +1,7 @@
 """Autoregressive SpecEE's layer walk with every exit decided on the device
 (``runtime=compiled runtime.exit_control=device``).
 
-The host-branching walk (specee/early_exit/exits.py, the authors' design) reads each scheduled
+The host-branching walk (specee/runtime/exit_walk.py, the authors' design) reads each scheduled
 predictor's decision on the host, then the verification's argmax: about one host round trip per
 scheduled layer, each of which drains the GPU's queue. Here the predictor decision, the LM-head
 verification and the skip of the remaining layers are device booleans steering ``torch.cond``:
@@ -32,10 +32,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specee.layer_math import RMS_NORMS, rms_norm, rotate_half  # the compiled layer step's own math
-from specee.early_exit.exits import ExitPlan, ExitValue
-from specee.early_exit.features import features_from_logits, folded_logits
-from specee.early_exit.predictor import mlp_logit
+from specee.runtime.layer_math import RMS_NORMS, rms_norm, rotate_half  # the compiled layer step's own math
+from specee.runtime.exit_walk import ExitPlan, ExitValue
+from specee.runtime.exit_math import features_from_logits, folded_logits, mlp_logit
 from specee.errors import SpeceeError
 
 

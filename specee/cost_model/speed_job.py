@@ -3,6 +3,8 @@ interleaved, after the clock â€” the modelled speedup beside the measured one â€
 priced for Llama-2-7B/13B on an analytic GPU."""
 from __future__ import annotations
 
+from specee.cost_model import priced_work as cm
+from specee.cost_model.block_costs import measure_block_costs
 from specee.decoding import modes
 
 
@@ -15,7 +17,6 @@ def cost_model(cfg, rt, decoder, dense, inputs, mode_gens, dense_gens, measured:
     """Counted work x unit costs measured here, interleaved, after the clock (one prompt of
     typical length): the modelled speedup beside the measured one, the two costs that explain
     the gap to the layer ratio, and the same counts priced for Llama-2-7B/13B on a GPU."""
-    from specee.bench import cost_model as cm
     lengths = [ids.shape[1] for ids in inputs]
     mean = sum(lengths) / len(lengths)
     ids = inputs[min(range(len(inputs)), key=lambda i: abs(lengths[i] - mean))]
@@ -60,7 +61,6 @@ def block_cost_model(rt, ids, mode_gens, rounds: int, measured: float, ci: list)
     token + its proposal), so its time is c(n) from the shared block-cost table measured here, and
     dense is c(1) per token (the proposal's n-gram lookup on the host is not priced: measured apart
     in the step trace as t_draft)."""
-    from specee.bench.block_cost import measure_block_costs
     blocks = [t["nodes"] for g in mode_gens for t in g.trace]
     emitted = sum(t.get("emitted", 1) for g in mode_gens for t in g.trace)
     table = measure_block_costs(rt, ids, sorted(set(blocks) | {1}), rounds=max(rounds, 3))

@@ -4,7 +4,7 @@ left the stack (:class:`ExitValue`), a value a runtime may keep on the device.
 The walk is a runtime verb (``rt.walk_exits``): the eager and compiled runtimes branch on the host
 after each scheduled predictor (:func:`host_walk`, the authors' design: read the decision, then
 verify); the compiled runtime with ``runtime.exit_control=device`` decides every exit on the
-device (specee/device_walk.py) and the host reads the step's outcome once.
+device (specee/runtime/device_walk.py) and the host reads the step's outcome once.
 """
 from __future__ import annotations
 

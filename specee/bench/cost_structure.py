@@ -6,12 +6,12 @@ token at a given context length, interleaved (layer, head, draft, layer, ...) an
 prints the ratios with their spread — the time-based counterpart of the parameter ratio in the
 model card.
 
-    python -m specee.bench.cost --model specee/artifacts/tiny --draft specee/artifacts/tiny_draft --threads 2
+    python -m specee.bench.cost_structure --model specee/artifacts/tiny --draft specee/artifacts/tiny_draft --threads 2
 
 ``--profile`` instead breaks one decoder-layer step down by operator (torch.profiler, self time
 per step): how many ops a layer dispatches and what each costs — where the time goes when it is
 far above the bandwidth floor (:mod:`specee.bench.bandwidth`). ``--runtime compiled`` measures
-the compiled layer step (:mod:`specee.compiled`) instead of the model's eager layers.
+the compiled layer step (:mod:`specee.runtime.compiled`) instead of the model's eager layers.
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def _decode_step(model_path: str, context: int, dtype: str, runtime: str = "eage
     ~2.5x faster on tiny), its K/V append undone so every call sees the same context."""
     from transformers import AutoModelForCausalLM
 
-    from specee.compiled import CompiledLM
-    from specee.runtime import LayerwiseLM
+    from specee.runtime.compiled import CompiledLM
+    from specee.runtime.layerwise import LayerwiseLM
     model = AutoModelForCausalLM.from_pretrained(project_path(model_path), dtype=getattr(torch, dtype),
                                                  use_kernels=False).eval()
     rt = CompiledLM(model) if runtime == "compiled" else LayerwiseLM(model)

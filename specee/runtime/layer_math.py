@@ -1,5 +1,5 @@
 """A Llama decoder layer's elementwise math, written once for the compiled layer step
-(specee/compiled.py) and the walk that decides exits on the device (specee/device_walk.py)."""
+(specee/runtime/compiled.py) and the walk that decides exits on the device (specee/runtime/device_walk.py)."""
 from __future__ import annotations
 
 import torch

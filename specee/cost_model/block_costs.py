@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from specee.decoding.base import Clock
+from specee.phases import Clock
 
 DEFAULT_SIZES = tuple(range(1, 17)) + (20, 26, 32)
 

@@ -195,7 +195,7 @@ class LayerwiseLM:
     kind = "eager"
     fallback = None  # why a compiled runtime runs eagerly (None: it does not)
     exits_on_device = False  # the walk's exit decisions stay on the device (runtime.exit_control=device)
-    exit_control = "host"  # host | lookahead (see specee/early_exit/exits.py) | device (compiled only)
+    exit_control = "host"  # host | lookahead (see specee/runtime/exit_walk.py) | device (compiled only)
 
     def new_cache(self, capacity: int = 256, num_layers: int | None = None) -> LayerKVCache:
         return LayerKVCache(num_layers or self.num_layers, self.kv_heads, self.head_dim, self.dtype,
@@ -261,8 +261,8 @@ class LayerwiseLM:
         return self.num_layers - 1, h, None
 
     def walk_exits(self, plan, h, rope, cache, pos, timer, observe=None):
-        """Autoregressive SpecEE's walk over an :class:`~specee.early_exit.exits.ExitPlan`: an
-        :class:`~specee.early_exit.exits.ExitValue`. Here the host branches after each scheduled
+        """Autoregressive SpecEE's walk over an :class:`~specee.runtime.exit_walk.ExitPlan`: an
+        :class:`~specee.runtime.exit_walk.ExitValue`. Here the host branches after each scheduled
         predictor; the compiled runtime may keep the decision on the device."""
         return plan.walk_on_host(self, h, rope, cache, pos, timer, observe)
 

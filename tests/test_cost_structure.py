@@ -1,4 +1,4 @@
-from specee.bench.cost import measure, op_profile
+from specee.bench.cost_structure import measure, op_profile
 
 TINY = "specee/artifacts/tiny"
 
