@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py without a GPU: its plan against the durations measured on an H200, its
+"""The GPU check (scripts/gpu_check.py over specee/gpu_check/) without a GPU: its plan against the durations measured on an H200, its
 preflight, its goal table, its output folder (figures only, written as it goes, surviving a kill
 or a timeout) and its steps run at minimal size on the CPU (--dry-run)."""
 import importlib.util
@@ -16,19 +16,23 @@ from conftest import ROOT
 
 spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
 gpu_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_check)
+spec.loader.exec_module(gpu_check)  # the command line; the check's jobs are the package's modules
+from specee.gpu_check import goals as gc_goals  # noqa: E402
+from specee.gpu_check import preflight as gc_pre  # noqa: E402
+from specee.gpu_check import runner as gc_run  # noqa: E402
+from specee.gpu_check import steps as gc_steps  # noqa: E402
 
 # A real step's results from the project's first GPU run: 7B dense with CUDA graphs, which recorded
 # 32 graphs inside its timed runs.
 H200_RESULT = ROOT / "reports" / "gpu" / "2026-12-04_NVIDIA_H200" / "run2" / "llama2_7b_random_dense_cudagraphs" / \
     "results.json"
-STEPS = {s.name: s for s in gpu_check.STEPS}
+STEPS = {s.name: s for s in gc_steps.STEPS}
 DEVICE = "llama2_7b_t1_t2_device"
 
 
 # -- plan --------------------------------------------------------------------------------------
 def test_default_budget_leaves_a_minute_of_a_ten_minute_command():
-    assert gpu_check.DEFAULT_BUDGET_MIN * 60 + 60 <= 600
+    assert gc_steps.DEFAULT_BUDGET_MIN * 60 + 60 <= 600
 
 
 def test_caps_sit_above_what_the_h200_measured():
@@ -37,42 +41,42 @@ def test_caps_sit_above_what_the_h200_measured():
     assert STEPS["tiny_eagle_float16"].cap_s > 47.7 and STEPS["tiny_specee_full_bfloat16"].cap_s > 47.7
     assert STEPS["llama2_7b_dense_graphed_aa"].cap_s > 59 * 1.5
     assert STEPS["llama2_7b_t1_t2_eager"].cap_s > 49 * 1.5
-    for s in gpu_check.STEPS:
+    for s in gc_steps.STEPS:
         assert s.cap_s >= 1.4 * s.expected_s, s.name
 
 
 def test_hf_static_baseline_is_compiled_in_one_eager_step():
-    compiling = [s for s in gpu_check.STEPS if gpu_check.HF_STATIC in s.overrides]
+    compiling = [s for s in gc_steps.STEPS if gc_steps.HF_STATIC in s.overrides]
     assert [s.name for s in compiling] == ["llama2_7b_hf_static_eager_aa"]
     assert not any(o.startswith("runtime=") for o in compiling[0].overrides)  # nothing else compiles there
 
 
 def test_every_step_fits_the_default_budget_on_the_gpu_image_seen_so_far():
     # that image's torch (2.11) has no CUDA-graph conditional nodes: the device step is skipped at once
-    budget = gpu_check.DEFAULT_BUDGET_MIN * 60 - gpu_check.RESERVE_S
-    rows = gpu_check.plan(gpu_check.STEPS, budget, {DEVICE: "torch 2.11 has no conditional nodes"})
+    budget = gc_steps.DEFAULT_BUDGET_MIN * 60 - gc_steps.RESERVE_S
+    rows = gc_steps.plan(gc_steps.STEPS, budget, {DEVICE: "torch 2.11 has no conditional nodes"})
     assert all(r["fits_expected"] for r in rows), [r["step"] for r in rows if not r["fits_expected"]]
     # with every step running, the plan says which ones the budget would cut, last ones first
-    rows = gpu_check.plan(gpu_check.STEPS, budget)
+    rows = gc_steps.plan(gc_steps.STEPS, budget)
     cut = [r["step"] for r in rows if not r["fits_expected"]]
-    assert cut == [s.name for s in gpu_check.STEPS[-len(cut):]] if cut else True
+    assert cut == [s.name for s in gc_steps.STEPS[-len(cut):]] if cut else True
 
 
 def test_steps_likeliest_to_fail_come_last():
-    names = gpu_check.STEP_NAMES
+    names = gc_steps.STEP_NAMES
     # first what ran on a GPU before (dense graphed, T1+T2 eager), then what never did
     assert names[:2] == ["llama2_7b_dense_graphed_aa", "llama2_7b_t1_t2_eager"]
     assert names[-2:] == ["tiny_eagle_float16", "tiny_specee_full_bfloat16"]  # the unconfirmed fix
     assert names.index(DEVICE) > names.index("llama2_7b_t1_t2_t3_graphed")
     device = STEPS[DEVICE]
-    assert "runtime.exit_control=device" in device.overrides and device.skip is gpu_check.conditional_nodes_missing
-    assert [s.name for s in gpu_check.STEPS if s.aa] == ["llama2_7b_dense_graphed_aa", "llama2_7b_hf_static_eager_aa"]
-    assert all("ablation=dense" in s.overrides for s in gpu_check.STEPS if s.aa)
+    assert "runtime.exit_control=device" in device.overrides and device.skip is gc_steps.conditional_nodes_missing
+    assert [s.name for s in gc_steps.STEPS if s.aa] == ["llama2_7b_dense_graphed_aa", "llama2_7b_hf_static_eager_aa"]
+    assert all("ablation=dense" in s.overrides for s in gc_steps.STEPS if s.aa)
 
 
 def test_dry_run_maps_every_step_to_the_cpu_at_minimal_size():
-    for s in gpu_check.STEPS:
-        cpu = gpu_check.dry_run(s.overrides)
+    for s in gc_steps.STEPS:
+        cpu = gc_steps.dry_run(s.overrides)
         assert not any("cuda" in o for o in cpu), s.name
         assert "model=tiny" in cpu and "model.device=cpu" in cpu and "dataset.max_new_tokens=3" in cpu
         kept = [o for o in s.overrides if o.startswith(("ablation=", "runtime", "early_exit.", "placement.",
@@ -86,7 +90,7 @@ def versions(**over):
     """The installed versions, some replaced (None: not installed)."""
     def version_of(dist):
         key = dist.replace("-", "_")
-        return over[key] if key in over else gpu_check.installed_version(dist)
+        return over[key] if key in over else gc_pre.installed_version(dist)
     return version_of
 
 
@@ -96,7 +100,7 @@ def h200(**over):
 
 
 def test_preflight_refuses_an_old_transformers_in_one_line_naming_the_floor_and_the_fix(tmp_path, capsys):
-    floor = gpu_check.project_requirements()["transformers"]
+    floor = gc_pre.project_requirements()["transformers"]
     assert floor.startswith(">=")  # read from pyproject.toml, not restated here
     rc = gpu_check.main(["--out", str(tmp_path / "out")], version_of=versions(transformers="5.17.0"), gpu=h200())
     err = capsys.readouterr().err.strip().splitlines()
@@ -110,7 +114,7 @@ def test_preflight_refuses_an_old_transformers_in_one_line_naming_the_floor_and_
 
 
 def test_preflight_says_each_missing_piece_in_one_line_with_its_fix():
-    r = gpu_check.preflight(False, version_of=versions(hydra_core=None, nvidia_ml_py=None, torch="2.11.0+cu130"),
+    r = gc_pre.preflight(False, version_of=versions(hydra_core=None, nvidia_ml_py=None, torch="2.11.0+cu130"),
                             gpu=h200())
     by = {f["what"]: f for f in r["findings"]}
     assert set(by) == {"hydra-core", "nvidia-ml-py", "torch"}
@@ -118,20 +122,20 @@ def test_preflight_says_each_missing_piece_in_one_line_with_its_fix():
     assert not by["torch"]["blocking"] and "keep the image's CUDA build" in by["torch"]["line"]  # never torch
     assert all("fix:" in f["line"] and "\n" not in f["line"] for f in r["findings"])
     assert "gpu" not in r  # a broken stack is fixed first: the GPU is not probed
-    r = gpu_check.preflight(False, version_of=versions(), gpu=h200(free_gib=9.5, conditional_nodes_missing=
+    r = gc_pre.preflight(False, version_of=versions(), gpu=h200(free_gib=9.5, conditional_nodes_missing=
                                                                    "torch 2.11.0 has no cudagraph_conditional_nodes"))
     by = {f["what"]: f for f in r["findings"]}
-    assert by["gpu memory"]["blocking"] and f"need {gpu_check.NEED_FREE_GIB} GiB" in by["gpu memory"]["line"]
+    assert by["gpu memory"]["blocking"] and f"need {gc_pre.NEED_FREE_GIB} GiB" in by["gpu memory"]["line"]
     assert not by["conditional nodes"]["blocking"] and DEVICE in by["conditional nodes"]["line"]
-    r = gpu_check.preflight(False, version_of=versions(), gpu=lambda: {"cuda": False})
+    r = gc_pre.preflight(False, version_of=versions(), gpu=lambda: {"cuda": False})
     assert [f["what"] for f in r["findings"] if f["blocking"]] == ["gpu"]
-    assert gpu_check.preflight(False, version_of=versions(), gpu=h200())["findings"] == []
+    assert gc_pre.preflight(False, version_of=versions(), gpu=h200())["findings"] == []
 
     def import_module(name):  # right versions that do not import together
         if name == "transformers":
             raise ImportError("huggingface-hub>=1.3 is required for a normal functioning of this module")
         return __import__(name)
-    r = gpu_check.preflight(False, version_of=versions(), gpu=h200(), import_module=import_module)
+    r = gc_pre.preflight(False, version_of=versions(), gpu=h200(), import_module=import_module)
     (f,) = r["findings"]
     assert f["blocking"] and f["line"].startswith("import transformers fails (ImportError: huggingface-hub>=1.3")
     assert "fix:" in f["line"] and "gpu" not in r
@@ -141,11 +145,11 @@ def test_offline_recipe_carries_wheels_installs_without_dependencies_and_never_t
     rc = gpu_check.main(["--preflight"], version_of=versions(omegaconf="2.2.0"), gpu=h200())
     err = capsys.readouterr().err
     assert rc == 2 and "specee: error: omegaconf 2.2.0" in err
-    recipe = gpu_check.OFFLINE_RECIPE
+    recipe = gc_pre.OFFLINE_RECIPE
     installs = [ln for ln in recipe.splitlines() if "pip " in ln]
     assert installs and all("--no-deps" in ln and "torch" not in ln for ln in installs)
     assert "--no-index" in recipe and recipe in err
-    needed = gpu_check.project_requirements()
+    needed = gc_pre.project_requirements()
     for dist in ("transformers", "hydra-core", "omegaconf", "nvidia-ml-py", "antlr4-python3-runtime"):
         assert dist in recipe and dist in needed
 
@@ -179,7 +183,7 @@ def test_goals_state_each_gain_against_the_same_runtime_beside_its_aa_interval()
             {"step": DEVICE, "status": "skipped", "why": "torch 2.11 has no conditional nodes"},
             _row("llama2_7b_eagle_graphed", speedup_vs_dense=1.5),
             _row("llama2_7b_t1_t2_t3_graphed", speedup_vs_dense=1.65)]
-    g = {r["figure"]: r for r in gpu_check.goals(rows)}
+    g = {r["figure"]: r for r in gc_goals.goals(rows)}
     graphed = g["T1+T2 graphed vs dense graphed (same runtime, paired)"]
     assert graphed["measured"] == 1.22 and graphed["verdict"] == "met"
     assert graphed["ci"] == [1.18, 1.26] and graphed["aa"] == [0.97, 1.04]  # its A/A: graphed dense vs itself
@@ -197,9 +201,9 @@ def test_goals_state_each_gain_against_the_same_runtime_beside_its_aa_interval()
     assert dev["measured"] is None and "skipped: torch 2.11 has no conditional nodes" in dev["verdict"]
     assert g["A/A noise, dense graphed vs itself (95 % interval)"]["verdict"] == "met"
     assert g["A/A noise, dense eager vs itself (95 % interval)"]["verdict"] == "missed"  # 0.8-1.2: too wide
-    assert set(g) == set(gpu_check.GOAL_STEPS)
+    assert set(g) == set(gc_goals.GOAL_STEPS)
     rows[2]["status"] = "check failed"  # e.g. CUDA graphs recorded while timed: its figures are suspect
-    g = {r["figure"]: r for r in gpu_check.goals(rows)}
+    g = {r["figure"]: r for r in gc_goals.goals(rows)}
     assert g["T1+T2 graphed vs dense graphed (same runtime, paired)"]["verdict"] == \
         "met (suspect: llama2_7b_t1_t2_graphed failed a GPU-only check)"
     assert "suspect" in g["best T1+T2 vs the strongest dense baseline of any runtime"]["verdict"]
@@ -228,8 +232,8 @@ def test_a_step_past_its_cap_is_ended_and_the_finished_steps_keep_their_figures(
     out.mkdir()
     first = STEPS["llama2_7b_dense_graphed_aa"]
     slow = STEPS["llama2_7b_t1_t2_eager"]._replace(cap_s=3)
-    check = fake_check(gpu_check.Check, first.name, H200_RESULT)(out, cache, False, 600, [first, slow])
-    rows = gpu_check.run_steps(check)
+    check = fake_check(gc_run.Check, first.name, H200_RESULT)(out, cache, False, 600, [first, slow])
+    rows = gc_run.run_steps(check)
     assert [r["status"] for r in rows] == ["check failed", "timeout"]
     done = json.loads((out / "steps" / f"{first.name}.json").read_text())
     assert done["figures"]["speedup_vs_dense"] == pytest.approx(0.7563720689838405)  # the H200's A/A
@@ -340,7 +344,7 @@ def test_dry_run_of_a_tree_step_passes_on_the_cpu(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (row,) = summary["steps"]
     assert row["status"] == "passed" and row["figures"]["speedup_vs_dense"] and summary["check"]["dry_run"]
-    assert len(summary["goals"]) == len(gpu_check.GOAL_STEPS)
+    assert len(summary["goals"]) == len(gc_goals.GOAL_STEPS)
     _only_figures_under(out, ["tiny_eagle_float16"])
     assert (tmp_path / "user_cache" / "specee" / "gpu_check" / "runs" / "tiny_eagle_float16").is_dir()
 
@@ -350,9 +354,9 @@ def test_dry_run_of_every_step_passes_on_the_cpu(tmp_path):
     res, out, summary = _dry_run(tmp_path, None)
     assert res.returncode == 0, res.stdout[-3000:] + json.dumps(
         [r for r in summary["steps"] if r["status"] != "passed"])[-3000:]
-    assert [r["step"] for r in summary["steps"]] == gpu_check.STEP_NAMES
+    assert [r["step"] for r in summary["steps"]] == gc_steps.STEP_NAMES
     assert (out / "summary.md").is_file()
-    _only_figures_under(out, gpu_check.STEP_NAMES)
+    _only_figures_under(out, gc_steps.STEP_NAMES)
     device = {r["step"]: r for r in summary["steps"]}[DEVICE]
     assert device["figures"]["walk_syncs_per_token"] == 0  # exits decided on the device: no host round trip
     assert device["figures"]["captures"]["device_walk"] == [0, 0]  # counted (a CPU runs the walk eagerly)
@@ -363,11 +367,11 @@ def test_a_rerun_of_named_steps_keeps_the_other_steps_figures(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     out.mkdir()
     first, second = STEPS["llama2_7b_dense_graphed_aa"], STEPS["llama2_7b_t1_t2_eager"]._replace(cap_s=2)
-    fake = fake_check(gpu_check.Check, first.name, H200_RESULT)
-    gpu_check.run_steps(fake(out, cache, False, 600, [first, second]))
+    fake = fake_check(gc_run.Check, first.name, H200_RESULT)
+    gc_run.run_steps(fake(out, cache, False, 600, [first, second]))
     assert json.loads((out / "steps" / f"{second.name}.json").read_text())["status"] == "timeout"
     # the rerun (--steps llama2_7b_t1_t2_eager) now finishes it; the first step's files stay
-    gpu_check.run_steps(fake_check(gpu_check.Check, second.name, H200_RESULT)(out, cache, False, 600, [second]))
+    gc_run.run_steps(fake_check(gc_run.Check, second.name, H200_RESULT)(out, cache, False, 600, [second]))
     summary = json.loads((out / "summary.json").read_text())
     assert [(r["step"], r["status"]) for r in summary["steps"]] == [(first.name, "check failed"),
                                                                     (second.name, "passed")]
@@ -377,7 +381,7 @@ def test_a_rerun_of_named_steps_keeps_the_other_steps_figures(tmp_path):
 
 def test_the_check_keeps_its_hard_budget(monkeypatch, tmp_path):
     now = [0.0]
-    monkeypatch.setattr(gpu_check.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(gc_run.time, "perf_counter", lambda: now[0])
     timeouts = []
 
     def run_step(self, step, overrides, timeout):  # every step uses all it is given
@@ -386,18 +390,18 @@ def test_the_check_keeps_its_hard_budget(monkeypatch, tmp_path):
         row = {"step": step.name, "status": "passed", "seconds": timeout, "timeout_s": timeout}
         self.record(row)
         return row
-    monkeypatch.setattr(gpu_check.Check, "run_step", run_step)
+    monkeypatch.setattr(gc_run.Check, "run_step", run_step)
     out = tmp_path / "out"
     assert gpu_check.main(["--budget-min", "5", "--out", str(out), "--cache-dir", str(tmp_path / "c")],
                           version_of=versions(), gpu=h200()) == 0
-    assert sum(timeouts) <= 5 * 60 - gpu_check.RESERVE_S and all(t >= gpu_check.MIN_STEP_S for t in timeouts)
+    assert sum(timeouts) <= 5 * 60 - gc_steps.RESERVE_S and all(t >= gc_steps.MIN_STEP_S for t in timeouts)
     doc = json.loads((out / "summary.json").read_text())
     skipped = [r for r in doc["steps"] if r["status"] == "skipped"]
-    assert len(skipped) == len(gpu_check.STEPS) - len(timeouts) > 0
+    assert len(skipped) == len(gc_steps.STEPS) - len(timeouts) > 0
     # the device step may be skipped first for this machine's torch (no conditional nodes)
     assert all("time budget spent" in r["why"] and "--steps" in r["why"] for r in skipped
                if r["step"] != DEVICE or "time budget" in r["why"])
-    assert doc["check"]["budget_s"] == 300 and doc["check"]["plan"][0]["step"] == gpu_check.STEP_NAMES[0]
+    assert doc["check"]["budget_s"] == 300 and doc["check"]["plan"][0]["step"] == gc_steps.STEP_NAMES[0]
 
 
 def test_a_graphed_step_fails_when_graphs_are_skipped_missing_or_recorded_while_timed():
@@ -410,20 +414,20 @@ def test_a_graphed_step_fails_when_graphs_are_skipped_missing_or_recorded_while_
             "energy": {"available": True, "windows": 2, "counter_updates": 40, "min_counter_updates_per_window": 20},
             "syncs_per_token": 1.0}
     for overrides in (graphed, device):
-        verdicts = {c["check"]: c["verdict"] for c in gpu_check.gpu_only_checks(overrides, good, False)}
+        verdicts = {c["check"]: c["verdict"] for c in gc_goals.gpu_only_checks(overrides, good, False)}
         assert "fail" not in verdicts.values() and "pass" in verdicts.values()
     for bad in ({"cudagraph_skips_in_timed_runs": 1}, {"cudagraph_captures_in_warmup": 0},
                 {"cudagraph_captures_in_warmup": None}, {"graphs_compiled_in_timed_runs": 2},
                 {"cudagraph_captures_in_timed_runs": 3}):
         m = {**good, "runtime": {**good["runtime"], **bad}}
-        assert "fail" in [c["verdict"] for c in gpu_check.gpu_only_checks(graphed, m, False)], bad
+        assert "fail" in [c["verdict"] for c in gc_goals.gpu_only_checks(graphed, m, False)], bad
     for bad in ({"device_walk_captures_in_timed_runs": 1}, {"device_walk_captures_in_warmup": 0},
                 {"device_walk_captures_in_warmup": None}):  # the walk's own graphs, counted apart
         m = {**good, "runtime": {**good["runtime"], **bad}}
-        assert "fail" in [c["verdict"] for c in gpu_check.gpu_only_checks(device, m, False)], bad
-        assert "fail" not in [c["verdict"] for c in gpu_check.gpu_only_checks(graphed, m, False)], bad
+        assert "fail" in [c["verdict"] for c in gc_goals.gpu_only_checks(device, m, False)], bad
+        assert "fail" not in [c["verdict"] for c in gc_goals.gpu_only_checks(graphed, m, False)], bad
     # a dry run on the CPU has no CUDA graphs: reported, not failed
-    assert "fail" not in [c["verdict"] for c in gpu_check.gpu_only_checks(graphed, {"runtime": {}}, True)]
+    assert "fail" not in [c["verdict"] for c in gc_goals.gpu_only_checks(graphed, {"runtime": {}}, True)]
 
 
 def test_a_failed_step_keeps_its_full_error_not_hydras_last_line(tmp_path):
@@ -439,10 +443,10 @@ def test_a_failed_step_keeps_its_full_error_not_hydras_last_line(tmp_path):
         sys.exit(1)
     """)
 
-    class Crashing(gpu_check.Check):
+    class Crashing(gc_run.Check):
         def command(self, step, overrides, run_dir):
             return [sys.executable, "-c", crash]
-    (row,) = gpu_check.run_steps(Crashing(out, cache, False, 600, [STEPS["tiny_eagle_float16"]]))
+    (row,) = gc_run.run_steps(Crashing(out, cache, False, 600, [STEPS["tiny_eagle_float16"]]))
     assert row["status"] == "failed" and row["rc"] == 1
     assert row["error"].startswith("Traceback (most recent call last):")
     assert "RuntimeError: CUDA error: misaligned address" in row["error"]
