@@ -7,8 +7,6 @@ job skips when its results.json exists; ``force=true`` reruns all).
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 from tqdm import tqdm
@@ -16,6 +14,7 @@ from tqdm import tqdm
 from specee import ablations
 from specee.decoding.operating_point import read_frontier
 from specee.errors import SpeceeError
+from specee.jobs import run_job
 from specee.io import PROJECT_ROOT, project_path
 
 
@@ -163,19 +162,16 @@ def run(cfg):
             continue
         tqdm.write(f"[{name}] python run.py {' '.join(args)}")
         force = ["force=true"] if cfg.force else []
-        t_job = time.perf_counter()
-        rc = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), *args, *force,
-                             f"hydra.run.dir={out}"]).returncode
-        seconds[name] = round(time.perf_counter() - t_job, 1)
+        job = run_job([*args, *force], out)
+        rc, seconds[name] = job.rc, job.seconds
         tqdm.write(f"[{name}] {seconds[name]:.0f} s")
         if rc != 0:
             failed.append(name)
             tqdm.write(f"[{name}] failed (exit status {rc}); continuing with the other jobs")
     report_dir = project_path(cfg.experiment.report_dir) if cfg.experiment.report_dir else \
         PROJECT_ROOT / "reports" / cfg.experiment.name
-    rc = subprocess.run([sys.executable, str(PROJECT_ROOT / "run.py"), "experiment=report",
-                         f"sweep={root.relative_to(PROJECT_ROOT)}",
-                         f"experiment.out_dir={report_dir}", f"hydra.run.dir={root / '_report'}"]).returncode
+    rc = run_job(["experiment=report", f"sweep={root.relative_to(PROJECT_ROOT)}", f"experiment.out_dir={report_dir}"],
+                 root / "_report").rc
     minutes = (time.perf_counter() - t0) / 60
     dense_ms = _dense_ms_per_token(root)
     _write_timing(root, cfg, seconds, minutes, dense_ms)

@@ -3,12 +3,12 @@
 Hydra's basic launcher runs every job in the launching process, so torch thread settings,
 allocator state and imported modules leak from one job into the next — and timing jobs must not
 overlap, which rules out parallel local launchers. This one re-invokes the same script with the
-job's overrides and ``hydra.run.dir`` set to the job's sweep subdirectory. For clusters use
+job's overrides and ``hydra.run.dir`` set to the job's sweep subdirectory (specee/jobs.py: the
+one job runner the main job and the GPU check use too). For clusters use
 ``hydra/launcher=slurm`` (hydra-submitit-launcher) instead.
 """
 
 import logging
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +19,8 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.plugins.launcher import Launcher
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
+
+from specee.jobs import run_job
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,7 @@ class SubprocessLauncher(Launcher):
             out = Path(sweep_cfg.hydra.sweep.dir) / str(sweep_cfg.hydra.sweep.subdir)
             shown = " ".join(filter_overrides(overrides))
             log.info(f"#{idx} : {shown}  ->  {out}")
-            quoted = str(out).replace("\\", "\\\\").replace("'", "\\'")
-            cmd = [sys.executable, script, *overrides, f"hydra.run.dir='{quoted}'"]
-            rc = subprocess.run(cmd).returncode
+            rc = run_job(list(overrides), out, script=script).rc
             ret = JobReturn(overrides=list(overrides), working_dir=str(out), task_name=sweep_cfg.hydra.job.name)
             ret.status, ret.return_value = JobStatus.COMPLETED, rc
             runs.append(ret)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from specee.gpu_check.outputs import error_text, log_tail, step_path, write_json
 from specee.gpu_check.steps import DRY_RUN_STEP_S, MIN_STEP_S, RESERVE_S, Step, dry_run
 from specee.gpu_check.summary import write_summary
 from specee.io import PROJECT_ROOT as ROOT
+from specee.jobs import end_job, job_command, start_job, wait_job
 
 
 class Check:
@@ -34,7 +34,7 @@ class Check:
                     "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
     def command(self, step: Step, overrides: list, run_dir: Path) -> list[str]:
-        return [sys.executable, str(ROOT / "run.py"), *overrides, f"hydra.run.dir={run_dir}", "force=true"]
+        return job_command([*overrides, "force=true"], run_dir)
 
     def record(self, row: dict) -> None:
         write_json(step_path(self.out, row["step"]), row)
@@ -60,15 +60,11 @@ class Check:
             f.write("$ " + " ".join(self.command(step, overrides, run_dir)) + "\n")
             f.flush()
             # its own process group: a timeout (or this check being stopped) ends its compile workers too
-            self.proc = subprocess.Popen(self.command(step, overrides, run_dir), cwd=ROOT, stdout=f,
-                                         stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            self.proc = start_job(self.command(step, overrides, run_dir), log=f, env=self.env, cwd=ROOT,
+                                  own_group=True)
             row["step_pid"] = self.proc.pid  # its process group, to end by hand if this check is killed
             write_json(step_path(self.out, name), row)
-            try:
-                rc = self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill_step()
-                rc = "timeout"
+            rc = wait_job(self.proc, timeout)
         self.proc = None
         row["seconds"] = round(time.perf_counter() - t0, 1)
         row["rc"] = rc
@@ -96,12 +92,8 @@ class Check:
         return row
 
     def kill_step(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+        if self.proc is not None:
+            end_job(self.proc)
 
     def stopped(self, signum, _frame) -> None:
         """Stopped from outside (a session's time limit, Ctrl-C): end the step, mark it, keep the rest."""
