@@ -27,7 +27,7 @@ from specee.decoding import modes
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.hf_peer import HFGenerateDecoder
 from specee.decoding.hf_peer import not_applicable as hf_not_applicable
-from specee.early_exit.replay import prompt_sha
+from specee.early_exit.replayed_exits import prompt_sha
 from specee.env import machine_load
 from specee.frontier.certify import Unit, own_context_loss
 from specee.models.loader import load_model

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from specee import data, results
 from specee.decoding.adainfer import AdaInferSVM, train_crf
-from specee.early_exit.collect import collect_prompt
+from specee.early_exit.training_data import collect_prompt
 from specee.early_exit.features import FEATURE_DEFINITION
 from specee.early_exit.predictor import THRESHOLDS, PredictorBank, binary_metrics, select_threshold, train_layer
 from specee.errors import SpeceeError

@@ -153,7 +153,7 @@ def preflight(cfg) -> None:
     _same_base(cards)
     if schedules:
         _profiles(cfg, shape.num_layers)
-        from specee.early_exit.replay import load_replay
+        from specee.early_exit.replayed_exits import load_replay
         load_replay(ee.replay, shape.num_layers, cfg.seed)
 
 

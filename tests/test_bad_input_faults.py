@@ -162,7 +162,7 @@ def _nan_json(file: str, edit):
 
 
 def _profile_and_replay(case):
-    from specee.early_exit.replay import load_replay
+    from specee.early_exit.replayed_exits import load_replay
     from specee.early_exit.schedule import load_profile
     with pytest.raises(SpeceeError):
         load_replay(str(case), 32)

@@ -12,7 +12,7 @@ from conftest import TINY
 from specee.runtime.compiled import CompiledLM
 from specee.decoding.specee_ar import SpecEEDecoder
 from specee.early_exit.predictor import PredictorBank
-from specee.early_exit.replay import load_replay
+from specee.early_exit.replayed_exits import load_replay
 from specee.early_exit.schedule import build_schedule
 from specee.errors import SpeceeError
 from specee.models.draft import load_draft

@@ -7,7 +7,7 @@ import torch
 from conftest import early_exit_parts, random_lm
 from specee.decoding.dense import DenseDecoder
 from specee.decoding.specee_ar import SpecEEDecoder
-from specee.early_exit.collect import collect_prompt
+from specee.early_exit.training_data import collect_prompt
 from specee.early_exit.features import adainfer_features, initial_p, spec_features
 from specee.early_exit.kv_policy import fill_skipped
 from specee.early_exit.predictor import PredictorBank, make_mlp

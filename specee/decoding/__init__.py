@@ -36,7 +36,7 @@ def load_parts(cfg, rt, spec, placement=None) -> Parts:
             check_trained_for(card, cfg.draft.path, rt.model, "draft head")
     if spec.needs_bank:
         from specee.early_exit.predictor import PredictorBank
-        from specee.early_exit.replay import load_replay
+        from specee.early_exit.replayed_exits import load_replay
         from specee.early_exit.schedule import build_schedule
         if random_init:
             bank = PredictorBank.random(rt.num_layers, ee.k, seed=cfg.seed, threshold=ee.threshold)

@@ -7,7 +7,7 @@ import torch
 from conftest import early_exit_parts, run_cli
 from specee.decoding.specee_ar import SpecEEDecoder
 from specee.decoding.tree import TreeDecoder
-from specee.early_exit.replay import ExitReplay, prompt_sha
+from specee.early_exit.replayed_exits import ExitReplay, prompt_sha
 from specee.early_exit.schedule import TwoLevelSchedule
 from specee.errors import SpeceeError
 
